@@ -1,0 +1,1 @@
+"""Model classes vLLM builds for ``method: "mtp"`` (imported lazily through the model registry)."""

@@ -1,0 +1,145 @@
+"""``DeepSeekMultiTokenPredictor``: one drafter for every DeepSeek MTP layer variant.
+
+The variants (V3: ``eh_proj`` over ``cat(enorm(e), hnorm(h))``; V4: ``e_proj``/``h_proj`` and
+``hc_head``) differ only inside one layer, so a subclass names its ``layer_cls`` and its checkpoint
+``weight_map`` and inherits the rest: layers keyed by absolute index, step -> layer, the
+target-shared embedding and head, and ``load_weights`` with its completeness checks.
+
+Memory: the draft allocates no vocab-sized matrix. vLLM's proposer treats a drafter without
+``has_own_embed_tokens``/``has_own_lm_head`` as MTP and, after loading, attaches the target's
+``embed_tokens`` as ``self.model.embed_tokens`` and its ``lm_head`` as ``self.lm_head``
+(``v1/spec_decode/llm_base_proposer.py``); the in-tree class allocates, loads and then drops its own
+copies of both.
+"""
+
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.models.utils import maybe_prefix
+from vllm.sequence import IntermediateTensors
+
+from ..weights import WeightMap, load_mtp_weights
+
+
+def draft_hf_config(vllm_config: VllmConfig):
+    """The drafter's hf_config: vLLM hands every drafter the *target's* VllmConfig."""
+    spec = vllm_config.speculative_config
+    if spec is None or spec.draft_model_config is None:
+        raise ValueError(
+            "DeepSeek MTP drafters are built by vLLM's speculative decoding: pass "
+            "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'."
+        )
+    return spec.draft_model_config.hf_config
+
+
+class MTPLayerStack(nn.Module):
+    """The MTP layers, keyed by absolute layer index (``num_hidden_layers + j``) as in checkpoints.
+
+    ``embed_tokens`` is the target's embedding, attached by vLLM's proposer after loading.
+    """
+
+    embed_tokens: nn.Module
+
+    def __init__(self, vllm_config: VllmConfig, layer_cls: type[nn.Module], prefix: str):
+        super().__init__()
+        config = draft_hf_config(vllm_config)
+        self.mtp_start_layer_idx = config.num_hidden_layers
+        self.num_mtp_layers = int(getattr(config, "num_nextn_predict_layers", 0) or 0)
+        if self.num_mtp_layers < 1:
+            raise ValueError(
+                f"{getattr(config, 'name_or_path', 'the checkpoint')}: config.json declares no MTP "
+                "layer (num_nextn_predict_layers is 0 or missing), so it has no drafter to serve. "
+                "Use a checkpoint with MTP layers, or serve without --speculative-config."
+            )
+        self.layers = nn.ModuleDict({
+            str(idx): layer_cls(vllm_config, f"{prefix}.layers.{idx}")
+            for idx in self.layer_indices()
+        })
+
+    def layer_indices(self) -> range:
+        return range(self.mtp_start_layer_idx, self.mtp_start_layer_idx + self.num_mtp_layers)
+
+    def layer_for_step(self, spec_step_idx: int) -> nn.Module:
+        """Draft step ``s`` runs MTP layer ``s % num_mtp_layers`` (one layer reused when fewer)."""
+        return self.layers[str(self.mtp_start_layer_idx + spec_step_idx % self.num_mtp_layers)]
+
+    def shared_embedding(self) -> nn.Module:
+        embed = getattr(self, "embed_tokens", None)
+        if embed is None:
+            raise RuntimeError(
+                "the MTP drafter has no embedding yet: vLLM's proposer attaches the target's "
+                "embedding after loading, and this vLLM did not (pipeline parallelism is not "
+                "supported by vllm-mtp-plugin; set VLLM_PLUGINS='' to use vLLM's in-tree class)."
+            )
+        return embed
+
+
+class DeepSeekMultiTokenPredictor(nn.Module):
+    """The drafter vLLM builds for ``method: "mtp"``; subclasses pick the layer variant.
+
+    A layer implements ``forward(positions, previous_hidden_states, inputs_embeds)`` and
+    ``logits_input(hidden_states)`` (what goes into the shared head), and may expose
+    ``moe_block()`` for vLLM's expert-parallel bookkeeping.
+    """
+
+    layer_cls: type[nn.Module]
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        self.config = draft_hf_config(vllm_config)
+        self.vllm_config = vllm_config
+        self.model = MTPLayerStack(vllm_config, self.layer_cls, prefix=maybe_prefix(prefix, "model"))
+        self.logits_processor = LogitsProcessor(self.config.vocab_size)
+
+    def weight_map(self) -> WeightMap:
+        raise NotImplementedError
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.shared_embedding()(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        spec_step_idx: int = 0,
+    ) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_input_ids(input_ids)
+        layer = self.model.layer_for_step(spec_step_idx)
+        return layer(positions, hidden_states, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0):
+        layer = self.model.layer_for_step(spec_step_idx)
+        return self.logits_processor(self.shared_lm_head(), layer.logits_input(hidden_states))
+
+    def shared_lm_head(self) -> nn.Module:
+        head = getattr(self, "lm_head", None)
+        if head is None:
+            raise RuntimeError(
+                "the MTP drafter has no lm_head yet: vLLM's proposer attaches the target's head "
+                "after loading, and this vLLM did not."
+            )
+        return head
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        draft = self.vllm_config.speculative_config.draft_model_config
+        return load_mtp_weights(
+            self.weight_map(),
+            weights,
+            dict(self.named_parameters()),
+            mtp_layers=list(self.model.layer_indices()),
+            num_experts=int(getattr(self.config, "n_routed_experts", 0) or 0),
+            model_dir=getattr(draft, "model", None),
+            checkpoint_hint=self.checkpoint_hint,
+        )
+
+    def checkpoint_hint(self, layer: int, report) -> str | None:
+        """A variant may recognise a checkpoint that stores another drafter format."""
+        return None

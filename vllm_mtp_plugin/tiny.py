@@ -1,0 +1,287 @@
+"""Small DeepSeek-V3-layout checkpoints (HF names, MLA + MoE, MTP layers) built on the spot.
+
+Three modes decide what the MTP layers know:
+
+* ``random``: every tensor random; the drafter guesses (acceptance near zero).
+* ``oracle``: the target's greedy next token depends only on the current token (its blocks add a
+  small residual to the embedding, and ``lm_head`` rows are the embeddings of a permutation), and the
+  MTP layer's ``eh_proj`` passes the token embedding through, so the drafter predicts exactly what the
+  target will emit: acceptance is 100 % by construction, at every draft position.
+* ``noisy``: the oracle plus ``alpha * R @ hnorm(h)`` mixed in by ``eh_proj``; ``alpha`` is solved so
+  that the first-position acceptance is ``acceptance`` (measured on the real tensors, see
+  ``calibrate_noise``).
+
+The CPU MLA kernels need ``kv_lora_rank=512`` and ``qk_rope_head_dim=64``; every preset keeps them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from .tiny_tokenizer import SPECIAL_TOKENS, write_tokenizer
+
+MODES = ("random", "oracle", "noisy")
+RESIDUAL_SCALE = 0.02  # weight std of the projections that write into the residual stream (oracle)
+
+
+@dataclasses.dataclass(frozen=True)
+class TinySpec:
+    """Shape of a tiny DeepSeek-V3 checkpoint. Layers below ``first_k_dense_replace`` are dense."""
+
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    moe_intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_nextn_predict_layers: int = 1
+    num_attention_heads: int = 4
+    q_lora_rank: int | None = 128
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    qk_nope_head_dim: int = 32
+    v_head_dim: int = 32
+    n_routed_experts: int = 4
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 2
+    first_k_dense_replace: int = 1
+    max_position_embeddings: int = 2048
+
+
+PRESETS: dict[str, TinySpec] = {
+    # ~5 M parameters: tests and the demo.
+    "tiny": TinySpec(),
+    # ~70 M: dense main layers, MoE MTP layer.
+    "small": TinySpec(
+        hidden_size=1024, intermediate_size=2816, moe_intermediate_size=704, num_hidden_layers=4,
+        num_attention_heads=16, q_lora_rank=None, qk_nope_head_dim=64, v_head_dim=64,
+        n_routed_experts=8, first_k_dense_replace=4,
+    ),
+    # ~400 M: where speculation pays off on a 2-core CPU (forward cost dominates scheduling).
+    "bench": TinySpec(
+        hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408, num_hidden_layers=8,
+        num_attention_heads=16, q_lora_rank=None, qk_nope_head_dim=64, v_head_dim=64,
+        n_routed_experts=8, first_k_dense_replace=8,
+    ),
+}
+
+
+def hf_config(spec: TinySpec, dtype: str) -> dict:
+    """The config.json of a DeepSeek-V3 checkpoint with this shape."""
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "moe_intermediate_size": spec.moe_intermediate_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_nextn_predict_layers": spec.num_nextn_predict_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_attention_heads,
+        "q_lora_rank": spec.q_lora_rank,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "qk_nope_head_dim": spec.qk_nope_head_dim,
+        "v_head_dim": spec.v_head_dim,
+        "n_routed_experts": spec.n_routed_experts,
+        "n_shared_experts": spec.n_shared_experts,
+        "num_experts_per_tok": spec.num_experts_per_tok,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "first_k_dense_replace": spec.first_k_dense_replace,
+        "moe_layer_freq": 1,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "torch_dtype": dtype,
+        "dtype": dtype,
+    }
+
+
+class _Init:
+    """Seeded tensor factory; ``small`` tensors write into the residual stream."""
+
+    def __init__(self, seed: int, small_scale: float):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.small_scale = small_scale
+
+    def normal(self, *shape: int, std: float = 0.02) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen) * std
+
+    def small(self, *shape: int) -> torch.Tensor:
+        return self.normal(*shape, std=self.small_scale)
+
+
+def block_tensors(spec: TinySpec, prefix: str, moe: bool, init: _Init) -> dict[str, torch.Tensor]:
+    """One DeepSeek decoder block (MLA attention + dense MLP or MoE) under HF names."""
+    h, heads = spec.hidden_size, spec.num_attention_heads
+    qk_head = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+    t = {
+        f"{prefix}.input_layernorm.weight": torch.ones(h),
+        f"{prefix}.post_attention_layernorm.weight": torch.ones(h),
+        f"{prefix}.self_attn.kv_a_proj_with_mqa.weight": init.normal(
+            spec.kv_lora_rank + spec.qk_rope_head_dim, h
+        ),
+        f"{prefix}.self_attn.kv_a_layernorm.weight": torch.ones(spec.kv_lora_rank),
+        f"{prefix}.self_attn.kv_b_proj.weight": init.normal(
+            heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank
+        ),
+        f"{prefix}.self_attn.o_proj.weight": init.small(h, heads * spec.v_head_dim),
+    }
+    if spec.q_lora_rank:
+        t[f"{prefix}.self_attn.q_a_proj.weight"] = init.normal(spec.q_lora_rank, h)
+        t[f"{prefix}.self_attn.q_a_layernorm.weight"] = torch.ones(spec.q_lora_rank)
+        t[f"{prefix}.self_attn.q_b_proj.weight"] = init.normal(heads * qk_head, spec.q_lora_rank)
+    else:
+        t[f"{prefix}.self_attn.q_proj.weight"] = init.normal(heads * qk_head, h)
+
+    def mlp(p: str, inter: int) -> None:
+        t[f"{p}.gate_proj.weight"] = init.normal(inter, h)
+        t[f"{p}.up_proj.weight"] = init.normal(inter, h)
+        t[f"{p}.down_proj.weight"] = init.small(h, inter)
+
+    if not moe:
+        mlp(f"{prefix}.mlp", spec.intermediate_size)
+        return t
+    t[f"{prefix}.mlp.gate.weight"] = init.normal(spec.n_routed_experts, h)
+    t[f"{prefix}.mlp.gate.e_score_correction_bias"] = torch.zeros(spec.n_routed_experts)
+    for e in range(spec.n_routed_experts):
+        mlp(f"{prefix}.mlp.experts.{e}", spec.moe_intermediate_size)
+    if spec.n_shared_experts:
+        mlp(f"{prefix}.mlp.shared_experts", spec.moe_intermediate_size * spec.n_shared_experts)
+    return t
+
+
+def successor_permutation(spec: TinySpec, gen: torch.Generator) -> torch.Tensor:
+    """``succ[t]``: the token an oracle target emits after ``t``. Never a special token."""
+    n_special = len(SPECIAL_TOKENS)
+    regular = torch.arange(n_special, spec.vocab_size)
+    succ = torch.empty(spec.vocab_size, dtype=torch.long)
+    succ[regular] = regular[torch.randperm(len(regular), generator=gen)]
+    succ[:n_special] = succ[regular[:n_special]]
+    return succ
+
+
+def _rms(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def oracle_embedding_and_head(spec: TinySpec, gen: torch.Generator):
+    """Embedding ``E`` and head ``W`` with ``argmax(W @ rms(E[t])) == succ[t]`` by a wide margin."""
+    n_special = len(SPECIAL_TOKENS)
+    succ = successor_permutation(spec, gen)
+    embed = torch.randn(spec.vocab_size, spec.hidden_size, generator=gen)
+    embed[:n_special] = embed[n_special : 2 * n_special]  # specials behave like regular tokens
+    head = torch.randn(spec.vocab_size, spec.hidden_size, generator=gen) * 0.01
+    regular = torch.arange(n_special, spec.vocab_size)
+    head[succ[regular]] = _rms(embed[regular]) / spec.hidden_size**0.5
+    return embed, head, succ
+
+
+def first_position_acceptance(embed, head, succ, mix: torch.Tensor, alpha: float) -> float:
+    """Fraction of tokens whose draft ``argmax(W rms(rms(E[t']) + alpha*mix rms(E[t])))`` is right.
+
+    Pairs are (t, t' = succ[t]): the target has just emitted t' after t, the drafter predicts
+    what comes after t'. Block residuals are small and ignored here.
+    """
+    tokens = torch.arange(len(SPECIAL_TOKENS), embed.shape[0])
+    nxt = succ[tokens]
+    x = _rms(embed[nxt]) + alpha * _rms(embed[tokens]) @ mix.T
+    draft = (_rms(x) @ head.T).argmax(-1)
+    return (draft == succ[nxt]).float().mean().item()
+
+
+def calibrate_noise(embed, head, succ, mix, target: float) -> float:
+    """Bisect ``alpha`` so that the first-position acceptance is ``target``."""
+    lo, hi = 0.0, 1.0
+    while first_position_acceptance(embed, head, succ, mix, hi) > target and hi < 1e3:
+        hi *= 2
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if first_position_acceptance(embed, head, succ, mix, mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def build_tensors(spec: TinySpec, mode: str, seed: int, acceptance: float):
+    """All checkpoint tensors plus a metadata dict (mode, noise alpha, expected acceptance)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown tiny checkpoint mode {mode!r}; choose one of {MODES}")
+    gen = torch.Generator().manual_seed(seed)
+    h = spec.hidden_size
+    init = _Init(seed + 1, RESIDUAL_SCALE if mode != "random" else 0.02)
+    meta: dict = {"mode": mode, "seed": seed}
+    if mode == "random":
+        embed, head = init.normal(spec.vocab_size, h), init.normal(spec.vocab_size, h)
+        eh_proj = init.normal(h, 2 * h)
+    else:
+        embed, head, succ = oracle_embedding_and_head(spec, gen)
+        mix = torch.randn(h, h, generator=gen) / h**0.5
+        alpha = 0.0
+        if mode == "noisy":
+            alpha = calibrate_noise(embed, head, succ, mix, acceptance)
+        meta.update(alpha=alpha, expected_acceptance=first_position_acceptance(
+            embed, head, succ, mix, alpha))
+        eh_proj = torch.cat([torch.eye(h), alpha * mix], dim=1)
+
+    tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(h),
+               "lm_head.weight": head}
+    for i in range(spec.num_hidden_layers):
+        moe = i >= spec.first_k_dense_replace
+        tensors.update(block_tensors(spec, f"model.layers.{i}", moe, init))
+    for j in range(spec.num_nextn_predict_layers):
+        p = f"model.layers.{spec.num_hidden_layers + j}"
+        tensors.update(block_tensors(spec, p, True, init))
+        tensors.update({
+            f"{p}.enorm.weight": torch.ones(h),
+            f"{p}.hnorm.weight": torch.ones(h),
+            f"{p}.eh_proj.weight": eh_proj.clone(),
+            f"{p}.shared_head.norm.weight": torch.ones(h),
+            f"{p}.shared_head.head.weight": head.clone(),
+            f"{p}.embed_tokens.weight": embed.clone(),
+        })
+    return tensors, meta
+
+
+def build_checkpoint(out_dir: str | Path, preset: str | TinySpec = "tiny", mode: str = "oracle",
+                     seed: int = 0, acceptance: float = 0.7, dtype: str = "float32",
+                     **overrides) -> Path:
+    """Write config.json, tokenizer files, model.safetensors and tiny_meta.json into ``out_dir``.
+
+    ``overrides`` replace fields of the preset (e.g. ``num_nextn_predict_layers=2``).
+    """
+    from safetensors.torch import save_file
+
+    spec = PRESETS[preset] if isinstance(preset, str) else preset
+    spec = dataclasses.replace(spec, **overrides)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors, meta = build_tensors(spec, mode, seed, acceptance)
+    torch_dtype = getattr(torch, dtype)
+    tensors = {k: v.to(torch_dtype if v.dtype.is_floating_point else v.dtype).contiguous()
+               for k, v in tensors.items()}
+    if any(k.endswith("e_score_correction_bias") for k in tensors):
+        for k in [k for k in tensors if k.endswith("e_score_correction_bias")]:
+            tensors[k] = tensors[k].float()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config(spec, dtype), indent=2))
+    write_tokenizer(out, spec.vocab_size)
+    meta.update(spec=dataclasses.asdict(spec), dtype=dtype,
+                parameters=sum(v.numel() for v in tensors.values()))
+    (out / "tiny_meta.json").write_text(json.dumps(meta, indent=2))
+    return out

@@ -1,0 +1,311 @@
+"""Checkpoint names -> parameter names, as data; and the checks that prove a load was complete.
+
+A checkpoint format is a ``WeightMap``: ordered regex rules (``regex`` package) that rename a tensor,
+mark it stacked into a fused parameter (shard id) or into a fused-MoE expert slot, or skip it because
+the draft shares it with the target. ``load_mtp_weights`` drives vLLM's own per-parameter
+``weight_loader``s with the result and raises ``CheckpointError`` (naming the tensor, its file, the
+expected and found shapes, and what to do) instead of a bare ``KeyError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import regex as re
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot serve as an MTP drafter; the message says why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """``pattern`` -> ``replacement`` (``regex`` syntax, ``\\g<name>`` groups allowed).
+
+    ``shard``: the shard id for a stacked parameter (``0``/``1``) or an expert's ``"w1"/"w2"/"w3"``.
+    ``expert``: name of the group holding the expert index (the target is a fused-MoE parameter).
+    ``optional``: apply only when the renamed parameter exists (e.g. a fusion that is off).
+    """
+
+    pattern: str
+    replacement: str = ""
+    shard: int | str | None = None
+    expert: str | None = None
+    optional: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "_regex", re.compile(self.pattern))
+
+    def search(self, name: str):
+        return self._regex.search(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where one checkpoint tensor goes."""
+
+    param: str
+    shard: int | str | None = None
+    expert_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightMap:
+    """A checkpoint format: how to find MTP layers and how to rename their tensors.
+
+    ``layer_index``: regex with a group ``idx`` (the layer number as the checkpoint writes it).
+    ``layer_offset``: added to ``idx`` to get the absolute layer index (V4 numbers ``mtp.{j}`` from 0).
+    ``shared``: tensors the draft takes from the target (embedding, head copies): not loaded.
+    ``prefix_rules``: the first match rewrites the layer prefix (own tensors vs decoder block);
+    ``{layer}`` in a replacement is the absolute layer index.
+    ``rules``: tried in order after the prefix; the first that matches decides (stack/expert).
+    ``to_checkpoint``: (pattern, replacement) pairs turning a parameter name back into the
+    checkpoint name a user would look for, for error messages.
+    """
+
+    name: str
+    layer_index: str
+    layer_offset: int
+    prefix_rules: Sequence[Rule]
+    rules: Sequence[Rule]
+    shared: Sequence[str] = ()
+    drop: Sequence[str] = ()
+    to_checkpoint: Sequence[tuple[str, str]] = ()
+
+    def mtp_layer(self, ckpt_name: str) -> int | None:
+        m = re.match(self.layer_index, ckpt_name)
+        return None if m is None else int(m.group("idx")) + self.layer_offset
+
+    def resolve(self, ckpt_name: str, has_param: Callable[[str], bool]) -> Target | None:
+        """The target of an MTP-layer tensor, or ``None`` when it is skipped."""
+        if any(re.search(pattern, ckpt_name) for pattern in (*self.drop, *self.shared)):
+            return None
+        name = ckpt_name
+        for rule in self.prefix_rules:
+            if rule.search(name):
+                name = rule._regex.sub(self._expand_layer(rule.replacement, name), name, count=1)
+                break
+        for rule in self.rules:
+            m = rule.search(name)
+            if m is None:
+                continue
+            mapped = rule._regex.sub(rule.replacement, name, count=1)
+            if rule.optional and not has_param(mapped):
+                continue
+            expert_id = int(m.group(rule.expert)) if rule.expert else None
+            return Target(mapped, rule.shard, expert_id)
+        return Target(name)
+
+    def _expand_layer(self, replacement: str, name: str) -> str:
+        layer = self.mtp_layer(name)
+        return replacement.replace("{layer}", str(layer))
+
+    def checkpoint_name(self, param_name: str) -> str:
+        for pattern, replacement in self.to_checkpoint:
+            param_name = re.sub(pattern, replacement, param_name)
+        return param_name
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSeek-V3 / R1, Hugging Face layout: MTP layer j is `model.layers.{num_hidden_layers + j}.*`.
+# ---------------------------------------------------------------------------------------------
+V3_OWN_TENSORS = ("enorm", "hnorm", "eh_proj", "shared_head.norm")
+
+
+def expert_rules(gate: str, up: str, down: str, params: dict[str, str]) -> tuple[Rule, ...]:
+    """Routed experts ``experts.{e}.{gate|up|down}.`` -> vLLM's fused-MoE tensors.
+
+    ``params`` maps ``gate_proj``/``up_proj``/``down_proj`` to vLLM's parameter prefixes
+    (``platform.fused_moe_expert_params``): w13 holds gate (shard w1) and up (w3), w2 holds down.
+    """
+    return tuple(
+        Rule(rf"\.experts\.(?P<e>\d+)\.{re.escape(ckpt)}\.", f".{params[hf]}", shard, "e")
+        for ckpt, hf, shard in ((gate, "gate_proj", "w1"), (up, "up_proj", "w3"),
+                                (down, "down_proj", "w2"))
+    )
+
+
+def v3_weight_map(expert_params: dict[str, str]) -> WeightMap:
+    own = "|".join(re.escape(t) for t in V3_OWN_TENSORS)
+    return WeightMap(
+        name="deepseek_v3 (Hugging Face)",
+        layer_index=r"model\.layers\.(?P<idx>\d+)\.",
+        layer_offset=0,
+        drop=(r"rotary_emb\.inv_freq$",),
+        # The draft reads the target's embedding and head; the checkpoint's copies are not loaded.
+        shared=(r"^model\.layers\.\d+\.(embed_tokens|shared_head\.head)\.",),
+        to_checkpoint=((r"\.mtp_block\.", "."),),
+        prefix_rules=(
+            Rule(rf"^model\.layers\.(\d+)\.(?=({own})\.)", r"model.layers.\1."),
+            Rule(r"^model\.layers\.(\d+)\.", r"model.layers.\1.mtp_block."),
+        ),
+        rules=(
+            *expert_rules("gate_proj", "up_proj", "down_proj", expert_params),
+            # Stacked dense projections (shared experts and dense MLPs included).
+            Rule(r"\.gate_proj\.", ".gate_up_proj.", 0),
+            Rule(r"\.up_proj\.", ".gate_up_proj.", 1),
+            # q_a and kv_a are fused when the attention has a q LoRA (`optional`: else kept apart).
+            Rule(r"\.q_a_proj\.", ".fused_qkv_a_proj.", 0, optional=True),
+            Rule(r"\.kv_a_proj_with_mqa\.", ".fused_qkv_a_proj.", 1, optional=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+
+def _shape(t) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def tensor_file(model_dir: str | None, name: str) -> str:
+    """Which file of ``model_dir`` holds ``name`` (for error messages); reads only headers."""
+    if not model_dir or not Path(model_dir).is_dir():
+        return str(model_dir or "the checkpoint")
+    index = Path(model_dir) / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        if name in weight_map:
+            return str(Path(model_dir) / weight_map[name])
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if name in json.loads(f.read(size)):
+                return str(path)
+    return str(model_dir)
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What a load did: parameter names loaded, checkpoint tensors per MTP layer, skipped tensors."""
+
+    loaded: set[str] = dataclasses.field(default_factory=set)
+    shards: dict[str, set] = dataclasses.field(default_factory=dict)
+    tensors_per_layer: dict[int, int] = dataclasses.field(default_factory=dict)
+    shared_skipped: list[str] = dataclasses.field(default_factory=list)
+
+
+def load_mtp_weights(
+    weight_map: WeightMap,
+    weights: Iterable[tuple[str, "torch.Tensor"]],  # noqa: F821
+    params: dict[str, "torch.nn.Parameter"],  # noqa: F821
+    mtp_layers: Sequence[int],
+    num_experts: int,
+    model_dir: str | None = None,
+    checkpoint_hint: Callable[[int, "LoadReport"], str | None] | None = None,
+) -> set[str]:
+    """Load the MTP tensors of ``weights`` into ``params``; prove every parameter got its data.
+
+    ``checkpoint_hint(layer, report)`` may explain a wrong drafter format before the generic
+    "missing tensors" error (V4 uses it to recognise DSpark drafters).
+    """
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    report = LoadReport()
+    wanted = set(mtp_layers)
+    for ckpt_name, tensor in weights:
+        layer = weight_map.mtp_layer(ckpt_name)
+        if layer is None or layer not in wanted:
+            continue  # the target's tensors, or MTP layers this config does not use
+        report.tensors_per_layer[layer] = report.tensors_per_layer.get(layer, 0) + 1
+        target = weight_map.resolve(ckpt_name, params.__contains__)
+        if target is None:
+            report.shared_skipped.append(ckpt_name)
+            continue
+        param = params.get(target.param)
+        if param is None:
+            raise CheckpointError(
+                f"{tensor_file(model_dir, ckpt_name)}: tensor '{ckpt_name}' (shape "
+                f"{list(_shape(tensor))}) maps to parameter '{target.param}', which the "
+                f"{weight_map.name} MTP layer does not have. The checkpoint's MTP layer does not "
+                "match its config.json (check num_nextn_predict_layers, n_routed_experts, "
+                "q_lora_rank), or it is not a DeepSeek MTP drafter."
+            )
+        _load_one(param, tensor, target, ckpt_name, model_dir, default_weight_loader)
+        report.loaded.add(target.param)
+        if target.shard is not None:
+            report.shards.setdefault(target.param, set()).add((target.shard, target.expert_id))
+    _check_complete(weight_map, params, report, mtp_layers, model_dir, checkpoint_hint,
+                    num_experts)
+    return report.loaded
+
+
+def _load_one(param, tensor, target: Target, ckpt_name, model_dir, default_loader) -> None:
+    loader = getattr(param, "weight_loader", default_loader)
+    plain = target.shard is None and target.expert_id is None
+    if plain and loader is default_loader and _shape(param) != _shape(tensor):
+        raise _shape_error(ckpt_name, tensor, param, target, model_dir)
+    try:
+        if target.expert_id is not None:
+            loader(param, tensor, target.param, shard_id=target.shard, expert_id=target.expert_id)
+        elif target.shard is not None:
+            loader(param, tensor, target.shard)
+        else:
+            loader(param, tensor)
+    except (AssertionError, RuntimeError, ValueError, IndexError) as exc:
+        raise _shape_error(ckpt_name, tensor, param, target, model_dir, exc) from exc
+
+
+def _shape_error(ckpt_name, tensor, param, target, model_dir, exc=None) -> CheckpointError:
+    where = f" (shard {target.shard!r})" if target.shard is not None else ""
+    if target.expert_id is not None:
+        where = f" (expert {target.expert_id}, {target.shard})"
+    detail = f" The loader said: {exc}" if exc else ""
+    return CheckpointError(
+        f"{tensor_file(model_dir, ckpt_name)}: tensor '{ckpt_name}' has shape "
+        f"{list(_shape(tensor))}, but parameter '{target.param}'{where} expects "
+        f"{list(_shape(param))} (this rank's slice). The tensor does not match config.json "
+        f"(hidden_size, heads, ranks, expert sizes): re-export the MTP layer or fix the config.{detail}"
+    )
+
+
+def _layer_of_param(param_name: str) -> int | None:
+    m = re.match(r"model\.layers\.(\d+)\.", param_name)
+    return int(m.group(1)) if m else None
+
+
+def _missing_shards(report: LoadReport, num_experts: int) -> list[str]:
+    """Stacked parameters that got some shards but not all (e.g. ``gate_proj`` without ``up_proj``)."""
+    missing = []
+    for param, seen in report.shards.items():
+        experts = {e for _, e in seen}
+        if experts == {None}:
+            expected = {(0, None), (1, None)}
+        else:
+            kinds = {"w2"} if {s for s, _ in seen} == {"w2"} else {"w1", "w3"}
+            expected = {(k, e) for k in kinds for e in range(num_experts)}
+        for shard, expert in sorted(expected - seen, key=str):
+            missing.append(f"{param} [{'expert ' + str(expert) + ' ' if expert is not None else ''}"
+                           f"shard {shard}]")
+    return missing
+
+
+def _check_complete(weight_map, params, report: LoadReport, mtp_layers, model_dir, hint,
+                    num_experts: int) -> None:
+    for layer in mtp_layers:
+        if report.tensors_per_layer.get(layer, 0) == 0:
+            raise CheckpointError(
+                f"{model_dir or 'the checkpoint'} has no tensors for MTP layer {layer} "
+                f"({weight_map.name} layout), although config.json declares it "
+                "(num_nextn_predict_layers). The checkpoint may have been quantized or exported "
+                "without its MTP layers: use a checkpoint that keeps them, or serve without "
+                "--speculative-config."
+            )
+        if hint is not None and (message := hint(layer, report)):
+            raise CheckpointError(message)
+    missing = sorted(
+        weight_map.checkpoint_name(name) for name in params
+        if name not in report.loaded and _layer_of_param(name) in set(mtp_layers)
+    ) + _missing_shards(report, num_experts)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise CheckpointError(
+            f"{model_dir or 'the checkpoint'}: the MTP layer is incomplete; no tensor was found for "
+            f"{len(missing)} tensor(s): {shown}. Re-export the checkpoint with every tensor of "
+            f"its MTP layers ({weight_map.name} names), or serve without --speculative-config."
+        )
