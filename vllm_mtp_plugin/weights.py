@@ -28,6 +28,7 @@ class Rule:
     ``shard``: the shard id for a stacked parameter (``0``/``1``) or an expert's ``"w1"/"w2"/"w3"``.
     ``expert``: name of the group holding the expert index (the target is a fused-MoE parameter).
     ``optional``: apply only when the renamed parameter exists (e.g. a fusion that is off).
+    ``transform``: ``f(tensor, param) -> tensor`` applied before loading (e.g. a dtype view).
     """
 
     pattern: str
@@ -35,6 +36,7 @@ class Rule:
     shard: int | str | None = None
     expert: str | None = None
     optional: bool = False
+    transform: Callable | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "_regex", re.compile(self.pattern))
@@ -50,6 +52,7 @@ class Target:
     param: str
     shard: int | str | None = None
     expert_id: int | None = None
+    transform: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +64,9 @@ class WeightMap:
     ``shared``: tensors the draft takes from the target (embedding, head copies): not loaded.
     ``prefix_rules``: the first match rewrites the layer prefix (own tensors vs decoder block);
     ``{layer}`` in a replacement is the absolute layer index.
-    ``rules``: tried in order after the prefix; the first that matches decides (stack/expert).
+    ``renames``: applied after the prefix, every one that matches, in order (suffixes, module
+    names that differ from vLLM's); their ``transform``s apply too.
+    ``rules``: tried in order after the renames; the first that matches decides (stack/expert).
     ``to_checkpoint``: (pattern, replacement) pairs turning a parameter name back into the
     checkpoint name a user would look for, for error messages.
     """
@@ -71,6 +76,7 @@ class WeightMap:
     layer_offset: int
     prefix_rules: Sequence[Rule]
     rules: Sequence[Rule]
+    renames: Sequence[Rule] = ()
     shared: Sequence[str] = ()
     drop: Sequence[str] = ()
     to_checkpoint: Sequence[tuple[str, str]] = ()
@@ -88,6 +94,11 @@ class WeightMap:
             if rule.search(name):
                 name = rule._regex.sub(self._expand_layer(rule.replacement, name), name, count=1)
                 break
+        transform = None
+        for rule in self.renames:
+            if rule.search(name):
+                name = rule._regex.sub(rule.replacement, name)
+                transform = rule.transform or transform
         for rule in self.rules:
             m = rule.search(name)
             if m is None:
@@ -96,8 +107,8 @@ class WeightMap:
             if rule.optional and not has_param(mapped):
                 continue
             expert_id = int(m.group(rule.expert)) if rule.expert else None
-            return Target(mapped, rule.shard, expert_id)
-        return Target(name)
+            return Target(mapped, rule.shard, expert_id, rule.transform or transform)
+        return Target(name, transform=transform)
 
     def _expand_layer(self, replacement: str, name: str) -> str:
         layer = self.mtp_layer(name)
@@ -237,6 +248,8 @@ def load_mtp_weights(
 
 def _load_one(param, tensor, target: Target, ckpt_name, model_dir, default_loader) -> None:
     loader = getattr(param, "weight_loader", default_loader)
+    if target.transform is not None:
+        tensor = target.transform(tensor, param)
     plain = target.shard is None and target.expert_id is None
     if plain and loader is default_loader and _shape(param) != _shape(tensor):
         raise _shape_error(ckpt_name, tensor, param, target, model_dir)
