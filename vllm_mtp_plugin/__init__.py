@@ -2,7 +2,8 @@
 
 ``register()`` is the ``vllm.general_plugins`` entry point. vLLM calls it once in every process it
 starts (API server, engine core, workers, short inspection subprocesses), so it only hands the model
-registry lazy ``"module:Class"`` strings: no torch, no model code is imported here.
+registry lazy ``"module:Class"`` strings and applies the small patches in ``patches.py`` (to vLLM
+modules that are already imported by then): no model code is imported here.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ def register() -> None:
     from vllm import ModelRegistry
     from vllm.logger import init_logger
 
+    from .patches import check_mtp_layers_declared
+
     for arch, target in ARCHITECTURES.items():
         ModelRegistry.register_model(arch, target)
+    check_mtp_layers_declared()
     if not _registered:
         _registered = True
         init_logger("vllm.vllm_mtp_plugin").info("vllm-mtp-plugin %s serves %s", __version__, ", ".join(ARCHITECTURES))

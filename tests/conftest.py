@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny DeepSeek-V3 checkpoints built once per test session, and engine settings."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Small, fast engines (notes in README: "What is tested where").
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from vllm_mtp_plugin.tiny import build_checkpoint  # noqa: E402
+from vllm_mtp_plugin.tiny_tokenizer import bundled_prompt_texts  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """Builds each tiny checkpoint on first use: ``checkpoints("noisy", acceptance=0.6)``."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    built: dict[tuple, Path] = {}
+
+    def get(mode: str = "oracle", **kwargs) -> Path:
+        key = (mode, *sorted(kwargs.items()))
+        if key not in built:
+            name = "-".join(str(part) for part in (mode, *kwargs.values()))
+            built[key] = build_checkpoint(root / name, "tiny", mode, **kwargs)
+        return built[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def prompts():
+    """A few bundled prompts of different lengths (one is a single word)."""
+    texts = bundled_prompt_texts()
+    return [texts[0], texts[5], texts[40], "Hello"]

@@ -1,0 +1,60 @@
+"""Broken checkpoints fail at load with one clear message naming the file, tensor and remedy."""
+
+import json
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from vllm_mtp_plugin.offline import OfflineConfig, run_config
+
+
+def derive(source, target, edit):
+    """Copy a checkpoint and rewrite its tensors with ``edit(dict) -> dict``."""
+    shutil.copytree(source, target)
+    tensors = edit(load_file(str(source / "model.safetensors")))
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+def load_error(model) -> str:
+    with pytest.raises(RuntimeError) as info:
+        run_config(OfflineConfig(str(model), 1, "plugin", ["Hello"], 4))
+    return str(info.value)
+
+
+def test_checkpoint_without_its_mtp_layer(checkpoints, tmp_path):
+    model = derive(checkpoints("oracle"), tmp_path / "no-mtp",
+                   lambda t: {k: v for k, v in t.items() if not k.startswith("model.layers.2.")})
+    message = load_error(model)
+    assert f"CheckpointError: {model} has no tensors for MTP layer 2" in message
+    assert "quantized or exported without its MTP layers" in message
+
+
+def test_tensor_of_the_wrong_shape(checkpoints, tmp_path):
+    def shrink(t):
+        t["model.layers.2.eh_proj.weight"] = t["model.layers.2.eh_proj.weight"][:, :256].clone()
+        return t
+
+    model = derive(checkpoints("oracle"), tmp_path / "bad-shape", shrink)
+    message = load_error(model)
+    assert (f"CheckpointError: {model}/model.safetensors: tensor 'model.layers.2.eh_proj.weight' "
+            "has shape [256, 256], but parameter 'model.layers.2.eh_proj.weight' expects [256, 512]"
+            ) in message
+
+
+def test_missing_enorm(checkpoints, tmp_path):
+    model = derive(checkpoints("oracle"), tmp_path / "no-enorm",
+                   lambda t: {k: v for k, v in t.items() if "enorm" not in k})
+    message = load_error(model)
+    assert "the MTP layer is incomplete; no tensor was found for 1 tensor(s): " \
+           "model.layers.2.enorm.weight" in message
+
+
+def test_config_without_mtp_layers(checkpoints, tmp_path):
+    model = shutil.copytree(checkpoints("oracle"), tmp_path / "no-nextn")
+    config = json.loads((model / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 0
+    (model / "config.json").write_text(json.dumps(config))
+    message = load_error(model)
+    assert "config.json sets num_nextn_predict_layers to 0, so the checkpoint has no MTP layer" in message

@@ -1,0 +1,185 @@
+"""The V3 weight-map rules on their own, against the real DeepSeek-V3/R1 MTP tensor list."""
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from vllm_mtp_plugin.weights import CheckpointError, load_mtp_weights, v3_weight_map
+
+DATA = Path(__file__).parent / "data"
+# vLLM 0.32 names; the engine tests check the live names through platform.fused_moe_expert_params.
+EXPERT_PARAMS = {"gate_proj": "experts.routed_experts.w13_", "up_proj": "experts.routed_experts.w13_",
+                 "down_proj": "experts.routed_experts.w2_"}
+
+
+def real_v3_names() -> list[tuple[str, tuple[int, ...]]]:
+    rows = []
+    for line in (DATA / "deepseek_v3_mtp_layer61_names.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, shape, _ = line.split("\t")
+            rows.append((name, tuple(int(d) for d in shape.split(","))))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def weight_map():
+    return v3_weight_map(EXPERT_PARAMS)
+
+
+def fused(name: str) -> bool:
+    return "fused_qkv_a_proj" in name
+
+
+def test_every_real_v3_tensor_is_classified(weight_map):
+    names = real_v3_names()
+    assert len(names) == 1564
+    targets = {n: weight_map.resolve(n, fused) for n, _ in names}
+    skipped = sorted(n for n, t in targets.items() if t is None)
+    assert skipped == ["model.layers.61.embed_tokens.weight", "model.layers.61.shared_head.head.weight"]
+    experts = [t for t in targets.values() if t and t.expert_id is not None]
+    assert len(experts) == 256 * 6  # weight + weight_scale_inv for gate/up/down of 256 experts
+    assert Counter(t.shard for t in experts) == {"w1": 512, "w3": 512, "w2": 512}
+    assert sorted({t.expert_id for t in experts}) == list(range(256))
+    assert {t.param for t in experts} == {
+        "model.layers.61.mtp_block.mlp.experts.routed_experts.w13_weight",
+        "model.layers.61.mtp_block.mlp.experts.routed_experts.w13_weight_scale_inv",
+        "model.layers.61.mtp_block.mlp.experts.routed_experts.w2_weight",
+        "model.layers.61.mtp_block.mlp.experts.routed_experts.w2_weight_scale_inv",
+    }
+
+
+@pytest.mark.parametrize("name, param, shard", [
+    ("model.layers.61.enorm.weight", "model.layers.61.enorm.weight", None),
+    ("model.layers.61.hnorm.weight", "model.layers.61.hnorm.weight", None),
+    ("model.layers.61.eh_proj.weight", "model.layers.61.eh_proj.weight", None),
+    ("model.layers.61.shared_head.norm.weight", "model.layers.61.shared_head.norm.weight", None),
+    ("model.layers.61.input_layernorm.weight", "model.layers.61.mtp_block.input_layernorm.weight", None),
+    ("model.layers.61.self_attn.q_a_proj.weight",
+     "model.layers.61.mtp_block.self_attn.fused_qkv_a_proj.weight", 0),
+    ("model.layers.61.self_attn.kv_a_proj_with_mqa.weight_scale_inv",
+     "model.layers.61.mtp_block.self_attn.fused_qkv_a_proj.weight_scale_inv", 1),
+    ("model.layers.61.self_attn.kv_b_proj.weight_scale_inv",
+     "model.layers.61.mtp_block.self_attn.kv_b_proj.weight_scale_inv", None),
+    ("model.layers.61.mlp.shared_experts.gate_proj.weight",
+     "model.layers.61.mtp_block.mlp.shared_experts.gate_up_proj.weight", 0),
+    ("model.layers.61.mlp.shared_experts.up_proj.weight_scale_inv",
+     "model.layers.61.mtp_block.mlp.shared_experts.gate_up_proj.weight_scale_inv", 1),
+    ("model.layers.61.mlp.shared_experts.down_proj.weight",
+     "model.layers.61.mtp_block.mlp.shared_experts.down_proj.weight", None),
+    ("model.layers.61.mlp.gate.e_score_correction_bias",
+     "model.layers.61.mtp_block.mlp.gate.e_score_correction_bias", None),
+])
+def test_v3_rename_rules(weight_map, name, param, shard):
+    target = weight_map.resolve(name, fused)
+    assert (target.param, target.shard, target.expert_id) == (param, shard, None)
+
+
+def test_expert_rule_keeps_the_expert_index(weight_map):
+    target = weight_map.resolve("model.layers.61.mlp.experts.137.down_proj.weight_scale_inv", fused)
+    assert (target.param, target.shard, target.expert_id) == (
+        "model.layers.61.mtp_block.mlp.experts.routed_experts.w2_weight_scale_inv", "w2", 137)
+
+
+def test_unfused_attention_keeps_separate_projections(weight_map):
+    # Without a q LoRA vLLM has no fused_qkv_a_proj: the optional stacking rule steps aside.
+    target = weight_map.resolve("model.layers.61.self_attn.kv_a_proj_with_mqa.weight", lambda n: False)
+    assert (target.param, target.shard) == (
+        "model.layers.61.mtp_block.self_attn.kv_a_proj_with_mqa.weight", None)
+
+
+def test_layer_detection(weight_map):
+    assert weight_map.mtp_layer("model.layers.61.enorm.weight") == 61
+    assert weight_map.mtp_layer("model.layers.3.mlp.gate.weight") == 3
+    assert weight_map.mtp_layer("model.embed_tokens.weight") is None
+    assert weight_map.mtp_layer("lm_head.weight") is None
+    assert weight_map.checkpoint_name("model.layers.61.mtp_block.mlp.gate.weight") == \
+        "model.layers.61.mlp.gate.weight"
+
+
+# ---------------------------------------------------------------- the loader, with recorded params
+
+
+class RecordingParam:
+    """Stands for a vLLM parameter: a shape and a weight_loader that records its calls."""
+
+    def __init__(self, *shape):
+        self.shape = shape
+        self.calls = []
+
+    def weight_loader(self, param, tensor, *args, **kwargs):
+        if not args and not kwargs and tuple(tensor.shape) != self.shape:
+            raise AssertionError(f"size mismatch {tuple(tensor.shape)} vs {self.shape}")
+        self.calls.append((tuple(tensor.shape), args, kwargs))
+
+
+def small_checkpoint(hidden=8, experts=2):
+    L = "model.layers.4"
+    t = {f"{L}.enorm.weight": (hidden,), f"{L}.hnorm.weight": (hidden,),
+         f"{L}.eh_proj.weight": (hidden, 2 * hidden), f"{L}.shared_head.norm.weight": (hidden,),
+         f"{L}.shared_head.head.weight": (32, hidden), f"{L}.embed_tokens.weight": (32, hidden),
+         f"{L}.mlp.shared_experts.gate_proj.weight": (4, hidden),
+         f"{L}.mlp.shared_experts.up_proj.weight": (4, hidden),
+         "model.layers.0.mlp.gate.weight": (2, hidden), "lm_head.weight": (32, hidden)}
+    for e in range(experts):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            t[f"{L}.mlp.experts.{e}.{proj}.weight"] = (4, hidden)
+    return {k: torch.zeros(v) for k, v in t.items()}
+
+
+def small_params(hidden=8):
+    L = "model.layers.4"
+    return {f"{L}.enorm.weight": RecordingParam(hidden), f"{L}.hnorm.weight": RecordingParam(hidden),
+            f"{L}.eh_proj.weight": RecordingParam(hidden, 2 * hidden),
+            f"{L}.shared_head.norm.weight": RecordingParam(hidden),
+            f"{L}.mtp_block.mlp.shared_experts.gate_up_proj.weight": RecordingParam(8, hidden),
+            f"{L}.mtp_block.mlp.experts.routed_experts.w13_weight": RecordingParam(2, 8, hidden),
+            f"{L}.mtp_block.mlp.experts.routed_experts.w2_weight": RecordingParam(2, hidden, 4)}
+
+
+def load(weights, params):
+    return load_mtp_weights(v3_weight_map(EXPERT_PARAMS), weights.items(), params,
+                            mtp_layers=[4], num_experts=2, model_dir="/ckpt")
+
+
+def test_loader_returns_every_parameter_and_skips_shared_copies():
+    params = small_params()
+    loaded = load(small_checkpoint(), params)
+    assert loaded == set(params)
+    w13 = params["model.layers.4.mtp_block.mlp.experts.routed_experts.w13_weight"].calls
+    assert sorted((c[2]["expert_id"], c[2]["shard_id"]) for c in w13) == [
+        (0, "w1"), (0, "w3"), (1, "w1"), (1, "w3")]
+
+
+def test_loader_names_a_missing_tensor():
+    weights = small_checkpoint()
+    del weights["model.layers.4.enorm.weight"]
+    with pytest.raises(CheckpointError, match=r"no tensor was found for 1 tensor\(s\): "
+                                              r"model\.layers\.4\.enorm\.weight"):
+        load(weights, small_params())
+
+
+def test_loader_names_a_missing_shard_and_expert():
+    weights = small_checkpoint()
+    del weights["model.layers.4.mlp.experts.1.up_proj.weight"]
+    del weights["model.layers.4.mlp.shared_experts.up_proj.weight"]
+    with pytest.raises(CheckpointError) as info:
+        load(weights, small_params())
+    assert "experts.routed_experts.w13_weight [expert 1 shard w3]" in str(info.value)
+    assert "shared_experts.gate_up_proj.weight [shard 1]" in str(info.value)
+
+
+def test_loader_reports_a_wrong_shape():
+    weights = small_checkpoint()
+    weights["model.layers.4.eh_proj.weight"] = torch.zeros(8, 8)
+    with pytest.raises(CheckpointError, match=r"/ckpt: tensor 'model\.layers\.4\.eh_proj\.weight' has "
+                                              r"shape \[8, 8\], but parameter .* expects \[8, 16\]"):
+        load(weights, small_params())
+
+
+def test_loader_reports_a_checkpoint_without_mtp_layer():
+    weights = {k: v for k, v in small_checkpoint().items() if not k.startswith("model.layers.4.")}
+    with pytest.raises(CheckpointError, match="has no tensors for MTP layer 4 .* quantized or exported "
+                                              "without its MTP layers"):
+        load(weights, small_params())
