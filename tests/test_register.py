@@ -26,7 +26,8 @@ class Keep(logging.Handler):
     def emit(self, record): records.append(record.getMessage())
 import vllm_mtp_plugin
 from vllm import ModelRegistry
-logging.getLogger("vllm").addHandler(Keep())  # after vLLM configured its logging
+plugin_logger = logging.getLogger("vllm.vllm_mtp_plugin")
+plugin_logger.addHandler(Keep()); plugin_logger.setLevel(logging.INFO)
 vllm_mtp_plugin.register(); vllm_mtp_plugin.register()
 print(sum("vllm-mtp-plugin" in r for r in records))
 print("vllm_mtp_plugin.models" in sys.modules)
