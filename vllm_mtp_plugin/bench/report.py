@@ -1,0 +1,150 @@
+"""Benchmark output: a JSON file with everything, a Markdown table, and PNG plots.
+
+Plots: acceptance per draft position; speed-up against k (measured, and the ideal bound dashed);
+tokens/s of the plugin next to vLLM's in-tree class for each k.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+COLUMNS = ("checkpoint", "impl", "k", "conc", "tok/s", "speed-up", "ideal", "meas/ideal",
+           "vs in-tree", "accept", "accept len", "per position", "TTFT ms mean/p50/p99",
+           "TPOT ms mean/p50/p99", "draft MiB")
+
+
+def _num(value, fmt: str = "{:.2f}") -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+def _latency(d: dict | None) -> str:
+    d = d or {}
+    if d.get("mean") is None:
+        return "–"
+    return " / ".join(f"{d[q]:.0f}" if d[q] >= 10 else f"{d[q]:.1f}" for q in ("mean", "p50", "p99"))
+
+
+def table_rows(rows: list[dict]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        per_pos = r.get("per_position_acceptance") or []
+        out.append([
+            r["checkpoint"], r["impl"], str(r["k"]), str(r["concurrency"]),
+            _num(r.get("output_tok_s"), "{:.1f}"), _num(r.get("speedup"), "{:.2f}×"),
+            _num(r.get("ideal_speedup"), "{:.2f}×"), _num(r.get("measured_over_ideal")),
+            _num(r.get("vs_in_tree")), _num(r.get("acceptance_rate"), "{:.1%}"),
+            _num(r.get("mean_acceptance_length")),
+            " ".join(f"{p:.2f}" for p in per_pos) or "–",
+            _latency(r.get("ttft_ms")), _latency(r.get("tpot_ms")),
+            _num(r["draft_bytes"] / 2**20 if r.get("draft_bytes") else None, "{:.1f}"),
+        ])
+    return out
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
+    return "\n".join(lines)
+
+
+def cross_check_text(rows: list[dict]) -> str:
+    blocks = []
+    for r in rows:
+        cc = r.get("cross_check")
+        if not cc:
+            continue
+        verdict = "agree" if cc["agree"] else "DISAGREE"
+        lines = [f"cross-check {r['checkpoint']} {r['impl']} k={r['k']} c={r['concurrency']}: "
+                 f"{verdict} with vllm bench serve"]
+        for field, (ours, theirs) in cc["fields"].items():
+            lines.append(f"  {field:<24} ours {ours!s:<22} vllm bench serve {theirs!s}")
+        ours, theirs = cc["per_position_acceptance"]
+        lines.append(f"  {'per_position_acceptance':<24} ours {ours} vllm bench serve {theirs}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def write_json(path: Path, settings: dict, rows: list[dict], environment: dict) -> Path:
+    path.write_text(json.dumps({"settings": settings, "environment": environment,
+                                "results": rows}, indent=1, default=str))
+    return path
+
+
+def _series_label(r: dict, varying: list[str]) -> str:
+    return " ".join(f"{r[f]}" if f != "concurrency" else f"c={r[f]}" for f in varying) or r["impl"]
+
+
+def _varying(rows: list[dict], fields=("checkpoint", "impl", "concurrency")) -> list[str]:
+    return [f for f in fields if len({r[f] for r in rows}) > 1]
+
+
+def _save(plt, fig, ax, path: Path, integer_x: bool = True) -> Path:
+    if integer_x:
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_all(rows: list[dict], out_dir: Path) -> list[Path]:
+    """Write the three plots; returns their paths (none when there is nothing to show)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    varying = _varying(rows)
+    series: dict[str, list[dict]] = {}
+    for r in rows:
+        series.setdefault(_series_label(r, varying), []).append(r)
+
+    spec_rows = [r for r in rows if r["k"] and r.get("per_position_acceptance")]
+    if spec_rows:
+        fig, ax = plt.subplots(figsize=(6.4, 4), dpi=100)
+        for r in spec_rows:
+            pos = range(1, len(r["per_position_acceptance"]) + 1)
+            label = f"{_series_label(r, varying)} k={r['k']}"
+            style = "-o" if r["impl"] != "in-tree" else "--x"
+            ax.plot(list(pos), r["per_position_acceptance"], style, label=label)
+        ax.set(xlabel="draft position", ylabel="accepted / drafts", ylim=(0, 1.05),
+               title="Acceptance per draft position")
+        paths.append(_save(plt, fig, ax, out_dir / "per_position_acceptance.png"))
+
+    if any(r.get("speedup") is not None for r in rows):
+        fig, ax = plt.subplots(figsize=(6.4, 4), dpi=100)
+        for label, rs in series.items():
+            rs = sorted((r for r in rs if r.get("speedup") is not None), key=lambda r: r["k"])
+            if not rs:
+                continue
+            line, = ax.plot([r["k"] for r in rs], [r["speedup"] for r in rs], "-o", label=label)
+            ideal = [(r["k"], r["ideal_speedup"]) for r in rs if r.get("ideal_speedup")]
+            if ideal:
+                ax.plot(*zip(*ideal), ":", color=line.get_color(), label=f"{label} (ideal)")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set(xlabel="num_speculative_tokens k", ylabel="tokens/s vs k=0",
+               title="Speed-up against k = 0")
+        paths.append(_save(plt, fig, ax, out_dir / "speedup_vs_k.png"))
+
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    if len(impls) > 1:
+        rest = _varying(rows, ("checkpoint", "concurrency"))
+        groups = sorted({(_series_label(r, rest) if rest else "", r["k"]) for r in rows},
+                        key=lambda g: (g[0], g[1]))
+        fig, ax = plt.subplots(figsize=(6.4, 4), dpi=100)
+        width = 0.8 / len(impls)
+        for i, impl in enumerate(impls):
+            values = []
+            for g in groups:
+                match = [r for r in rows if r["impl"] == impl and r["k"] == g[1]
+                         and (not rest or _series_label(r, rest) == g[0])]
+                values.append(match[0]["output_tok_s"] if match else 0.0)
+            ax.bar([j + i * width for j in range(len(groups))], values, width, label=impl)
+        ax.set_xticks([j + width * (len(impls) - 1) / 2 for j in range(len(groups))],
+                      [f"{g[0]} k={g[1]}".strip() for g in groups], fontsize=8)
+        ax.set(ylabel="output tokens/s", title="Plugin vs vLLM's in-tree MTP")
+        paths.append(_save(plt, fig, ax, out_dir / "plugin_vs_in_tree.png", integer_x=False))
+    return paths

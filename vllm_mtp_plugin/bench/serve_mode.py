@@ -1,0 +1,105 @@
+"""Serve mode: an OpenAI-compatible server per (checkpoint, implementation, k), or one given.
+
+For each concurrency level the load generator first sends warm-up requests, then ``repeats``
+measured passes over the prompts; ``/metrics`` is read before and after each pass, so each pass's
+acceptance is its own counter delta. Tokens/s is output tokens over the pass's wall time.
+Draft-model memory is not visible from outside the server: use offline mode for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import metrics
+from ..server import Server
+from .analysis import finish_row, latency_summary
+from .checkpoints import Checkpoint
+from .crosscheck import compare, run_vllm_bench_serve
+from .loadgen import run_requests, served_model
+from .sweep import Config, Sweep
+
+
+def server_env(impl: str) -> dict[str, str]:
+    """``in-tree`` turns every general plugin off (vLLM's switch); ``plugin`` makes sure ours loads."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    if impl == "in-tree":
+        env["VLLM_PLUGINS"] = ""
+    elif os.environ.get("VLLM_PLUGINS") == "":
+        env["VLLM_PLUGINS"] = "vllm_mtp_plugin"
+    return env
+
+
+def serve_args(sweep: Sweep, k: int) -> list[str]:
+    args = ["--enforce-eager", "--max-model-len", str(sweep.max_model_len),
+            "--max-num-seqs", str(max(sweep.concurrencies)), "--dtype", sweep.dtype,
+            "--seed", str(sweep.seed)]
+    if k:
+        args += ["--speculative-config",
+                 json.dumps({"method": "mtp", "num_speculative_tokens": k})]
+    return args
+
+
+def measure(base_url: str, model: str, sweep: Sweep, concurrency: int, prompts: list[str],
+            on_done: Callable[[], None] | None = None) -> list[dict]:
+    """Warm up, then ``repeats`` passes; one run dict per pass."""
+    if sweep.warmup:
+        run_requests(base_url, model, prompts[: max(sweep.warmup, concurrency)],
+                     sweep.max_tokens, concurrency)
+    runs = []
+    for _ in range(sweep.repeats):
+        before = metrics.scrape(base_url)
+        requests, seconds = run_requests(base_url, model, prompts, sweep.max_tokens, concurrency,
+                                         on_done)
+        counters = metrics.scrape(base_url) - before
+        tokens = sum(r["output_tokens"] for r in requests)
+        runs.append({
+            "seconds": seconds, "output_tokens": tokens, "output_tok_s": tokens / seconds,
+            "spec_decode": counters.summary() if counters.num_drafts else None,
+            "ttft_ms": latency_summary(r["ttft"] for r in requests),
+            "tpot_ms": latency_summary(r["tpot"] for r in requests),
+        })
+    return runs
+
+
+def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], prompts: list[str],
+                     log_dir: Path, log: Callable[[str], None],
+                     on_done: Callable[[], None] | None = None) -> list[dict]:
+    """All concurrencies of one (checkpoint, impl, k) against one server; one row each."""
+    first = configs[0]
+    server = None
+    if sweep.base_url:
+        base_url, model = sweep.base_url, served_model(sweep.base_url)
+    else:
+        log_path = log_dir / f"serve-{ckpt.label}-{first.impl}-k{first.k}.log"
+        server = Server(ckpt.path, serve_args(sweep, first.k), log_path=log_path,
+                        env=server_env(first.impl))
+        log(f"starting server for {ckpt.label} {first.impl} k={first.k} (log: {log_path})")
+        server.start(sweep.timeout)
+        base_url, model = server.base_url, str(ckpt.path)
+    rows = []
+    try:
+        for config in configs:
+            runs = measure(base_url, model, sweep, config.concurrency, prompts, on_done)
+            row = finish_row({
+                "mode": "serve", "checkpoint": ckpt.label, "checkpoint_path": str(ckpt.path),
+                "parameters": ckpt.parameters, "impl": config.impl, "k": config.k,
+                "concurrency": config.concurrency, "num_prompts": len(prompts),
+                "max_tokens": sweep.max_tokens, "repeats": sweep.repeats,
+                "base_url": base_url, "drafter_class": None, "draft_bytes": None,
+                "log": str(server.log_path) if server else None,
+            }, runs)
+            if sweep.cross_check and config.k:
+                log(f"cross-check: vllm bench serve on {config.label()}")
+                theirs = run_vllm_bench_serve(base_url, model, str(ckpt.path), prompts,
+                                              sweep.max_tokens, config.concurrency)
+                ours = runs[-1]["spec_decode"] or {}
+                row["cross_check"] = {"ours": ours, "vllm_bench_serve": theirs,
+                                      **compare(ours, theirs)}
+            rows.append(row)
+    finally:
+        if server:
+            server.stop()
+    return rows

@@ -1,0 +1,64 @@
+"""What one benchmark invocation measures: the cross product of its sweep axes.
+
+Axes: checkpoints (directories or tiny preset specs), implementations (``plugin`` / ``in-tree``),
+``k`` = num_speculative_tokens (0 = no speculation, the baseline of every speed-up), and
+concurrency (serve mode: requests in flight; offline mode: the engine's ``max_num_seqs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+MODES = ("offline", "serve")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    checkpoint: str
+    impl: str
+    k: int
+    concurrency: int
+
+    def label(self) -> str:
+        return f"{self.checkpoint} {self.impl} k={self.k} c={self.concurrency}"
+
+
+@dataclasses.dataclass
+class Sweep:
+    mode: str = "offline"
+    checkpoints: list[str] = dataclasses.field(default_factory=lambda: ["bench:noisy:0.7"])
+    impls: list[str] = dataclasses.field(default_factory=lambda: ["plugin", "in-tree"])
+    ks: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2, 3])
+    concurrencies: list[int] = dataclasses.field(default_factory=lambda: [1])
+    prompts: str | None = None
+    num_prompts: int = 4
+    max_tokens: int = 64
+    warmup: int = 1
+    repeats: int = 3
+    max_model_len: int = 1024
+    dtype: str = "float32"
+    seed: int = 0
+    cache_dir: Path | None = None
+    base_url: str | None = None
+    cross_check: bool = False
+    timeout: float = 900.0
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; choose one of {MODES}")
+        if any(k < 0 for k in self.ks) or any(c < 1 for c in self.concurrencies):
+            raise ValueError("k must be >= 0 and concurrency >= 1")
+        if self.repeats < 1:
+            raise ValueError("repeats must be >= 1")
+
+    def configs(self) -> list[Config]:
+        """Every configuration, grouped so that one serve-mode server covers all concurrencies."""
+        return [Config(*c) for c in itertools.product(
+            self.checkpoints, self.impls, self.ks, self.concurrencies)]
+
+    def settings(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["cache_dir"] = str(self.cache_dir) if self.cache_dir else None
+        return d
