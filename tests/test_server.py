@@ -1,0 +1,66 @@
+"""`vllm-mtp serve` over the OpenAI API, and the demo end to end."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from openai import OpenAI
+
+from vllm_mtp_plugin import metrics
+from vllm_mtp_plugin.server import Server
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints, tmp_path_factory):
+    model = checkpoints("oracle")
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
+    log = tmp_path_factory.mktemp("server") / "serve.log"
+    with Server(model, ["--speculative-config", spec, "--served-model-name", "tiny",
+                        "--enforce-eager", "--max-model-len", "512"], log_path=log) as srv:
+        yield srv
+    assert srv.process.returncode is not None  # stopped
+
+
+def test_completions_chat_and_spec_decode_metrics(server):
+    client = OpenAI(base_url=server.base_url, api_key="EMPTY")
+    before = metrics.scrape(server.base_url)
+    completion = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=20,
+                                           temperature=0.0, extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Describe the water cycle."}],
+        max_tokens=20, temperature=0.0, extra_body={"ignore_eos": True})
+    delta = metrics.scrape(server.base_url) - before
+    assert completion.usage.completion_tokens == 20 and completion.choices[0].text
+    assert chat.usage.completion_tokens == 20 and chat.choices[0].message.content
+    # Oracle drafter: every draft accepted, at both positions.
+    assert delta.num_drafts > 0
+    assert delta.num_draft_tokens == 2 * delta.num_drafts
+    assert delta.num_accepted_tokens == delta.num_draft_tokens
+    assert delta.accepted_per_position == (delta.num_drafts, delta.num_drafts)
+    assert server.log_tail(10_000).count("vllm-mtp-plugin 0.1.0 serves DeepSeekMTPModel") >= 1
+
+
+def test_metrics_page_names_the_counters(server):
+    import urllib.request
+
+    page = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read().decode()
+    for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_per_pos_total"):
+        assert name in page
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.cli", "demo", "--requests", "2",
+                          "--max-tokens", "16", "-k", "2"], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "server ready after" in out.stdout
+    rate = re.search(r"acceptance rate\s+([\d.]+)%", out.stdout)
+    assert rate and 0.0 < float(rate.group(1)) <= 100.0
+    assert re.search(r"position 1\s+[\d.]+%", out.stdout)
+    assert (tmp_path / "vllm-mtp-plugin" / "tiny-noisy-0.7-seed0" / "model.safetensors").exists()
