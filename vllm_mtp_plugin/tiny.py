@@ -273,11 +273,9 @@ def build_checkpoint(out_dir: str | Path, preset: str | TinySpec = "tiny", mode:
     out.mkdir(parents=True, exist_ok=True)
     tensors, meta = build_tensors(spec, mode, seed, acceptance)
     torch_dtype = getattr(torch, dtype)
-    tensors = {k: v.to(torch_dtype if v.dtype.is_floating_point else v.dtype).contiguous()
-               for k, v in tensors.items()}
-    if any(k.endswith("e_score_correction_bias") for k in tensors):
-        for k in [k for k in tensors if k.endswith("e_score_correction_bias")]:
-            tensors[k] = tensors[k].float()
+    # Router bias stays fp32, as in DeepSeek's releases (vLLM allocates it in fp32).
+    tensors = {k: v.contiguous() if k.endswith("e_score_correction_bias")
+               else v.to(torch_dtype).contiguous() for k, v in tensors.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config(spec, dtype), indent=2))
     write_tokenizer(out, spec.vocab_size)
