@@ -1,0 +1,79 @@
+"""``vllm-mtp bench`` end to end on tiny checkpoints: the JSON's fields and oracle acceptance 1.0."""
+
+import json
+
+import pytest
+
+from vllm_mtp_plugin.bench.cli import main
+
+ROW_FIELDS = ("checkpoint", "impl", "k", "concurrency", "output_tok_s", "speedup",
+              "acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "ttft_ms",
+              "tpot_ms", "draft_bytes", "ideal_speedup", "measured_over_ideal", "runs")
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-offline")
+    code = main(["offline", "-m", "tiny:oracle", "-k", "0", "2", "--impl", "plugin", "in-tree",
+                 "--num-prompts", "2", "--max-tokens", "12", "--repeats", "2",
+                 "--cache-dir", str(out / "cache"), "--out", str(out)])
+    assert code == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_offline_rows_and_fields(offline):
+    out, data = offline
+    rows = {(r["impl"], r["k"]): r for r in data["results"]}
+    assert sorted(rows) == [("in-tree", 0), ("in-tree", 2), ("plugin", 0), ("plugin", 2)]
+    for row in rows.values():
+        assert all(field in row for field in ROW_FIELDS), row.keys()
+        assert len(row["runs"]) == 2 and row["output_tok_s"] > 0
+        assert all(run["output_tokens"] == 2 * 12 for run in row["runs"])
+        assert row["ttft_ms"]["p50"] > 0 and row["tpot_ms"]["p99"] > 0
+    assert data["settings"]["ks"] == [0, 2] and data["environment"]["cpus"] >= 1
+    for name in ("table.md", "per_position_acceptance.png", "speedup_vs_k.png",
+                 "plugin_vs_in_tree.png"):
+        assert (out / name).stat().st_size > 0
+    assert (out / "table.md").read_text().count("\n") == 2 + 4
+
+
+def test_oracle_checkpoint_accepts_everything(offline):
+    _, data = offline
+    for row in data["results"]:
+        if row["k"] == 0:
+            assert row["acceptance_rate"] is None and row["speedup"] == 1.0
+            continue
+        assert row["acceptance_rate"] == 1.0
+        assert row["mean_acceptance_length"] == 3.0
+        assert row["per_position_acceptance"] == [1.0, 1.0]
+        assert row["steps"]["decode_steps"] > 0 and row["steps"]["draft_ms"] > 0
+        assert row["draft_cost_ratio"] > 0 and row["ideal_speedup"] > 0
+        assert row["measured_over_ideal"] == pytest.approx(row["speedup"] / row["ideal_speedup"])
+
+
+def test_draft_memory_ours_vs_in_tree(offline):
+    _, data = offline
+    spec = {r["impl"]: r for r in data["results"] if r["k"] == 2}
+    assert spec["plugin"]["drafter_class"].startswith("vllm_mtp_plugin.")
+    assert spec["in-tree"]["drafter_class"].startswith("vllm.model_executor.models.")
+    # vLLM's class allocates its own embedding and head (vocab x hidden fp32 each); ours does not.
+    meta = json.loads((__import__("pathlib").Path(spec["plugin"]["checkpoint_path"])
+                       / "tiny_meta.json").read_text())["spec"]
+    vocab_matrices = 2 * meta["vocab_size"] * meta["hidden_size"] * 4
+    assert spec["in-tree"]["draft_bytes"] - spec["plugin"]["draft_bytes"] == vocab_matrices
+
+
+def test_serve_mode_with_vllm_bench_serve_cross_check(tmp_path):
+    code = main(["serve", "-m", "tiny:noisy:0.6", "-k", "2", "--impl", "plugin",
+                 "--num-prompts", "3", "--max-tokens", "10", "--repeats", "1", "--cross-check",
+                 "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path), "--no-plots"])
+    (row,) = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert code == 0
+    assert row["mode"] == "serve" and row["runs"][0]["output_tokens"] == 3 * 10
+    assert 0 < row["acceptance_rate"] < 1
+    assert row["ttft_ms"]["mean"] > 0 and row["tpot_ms"]["p50"] is not None
+    check = row["cross_check"]
+    assert check["agree"]
+    assert check["vllm_bench_serve"]["completed"] == 3
+    assert check["vllm_bench_serve"]["num_drafts"] == row["spec_decode"]["num_drafts"]
+    assert "Speculative Decoding" in check["vllm_bench_serve"]["printed"]

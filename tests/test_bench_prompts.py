@@ -1,0 +1,82 @@
+"""Prompt loaders (bundled, user JSONL, ShareGPT) and checkpoint specs of the benchmark."""
+
+import json
+
+import pytest
+
+from vllm_mtp_plugin.bench import checkpoints
+from vllm_mtp_plugin.bench.prompts import load_prompts, write_sharegpt
+from vllm_mtp_plugin.tiny_tokenizer import bundled_prompt_texts
+
+
+def test_bundled_prompts():
+    prompts = load_prompts()
+    assert prompts == bundled_prompt_texts() and len(prompts) == 44
+    assert len(set(prompts)) == 44
+    assert load_prompts(limit=3) == prompts[:3]
+    assert load_prompts(limit=46)[44:] == prompts[:2]  # cycles when more requests than prompts
+
+
+def test_user_jsonl(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "first"}\n\n{"prompt": "second", "output_tokens": 5}\n')
+    assert load_prompts(path) == ["first", "second"]
+
+
+def test_sharegpt_json_and_jsonl(tmp_path):
+    data = [
+        {"id": "a", "conversations": [{"from": "human", "value": "q1"}, {"from": "gpt", "value": "x"}]},
+        {"id": "b", "conversations": [{"from": "system", "value": "be brief"},
+                                      {"from": "human", "value": "q2"}]},
+        {"id": "c", "conversations": [{"from": "gpt", "value": "no question here"}]},
+        {"id": "d", "messages": [{"role": "user", "content": "q3"}]},
+    ]
+    as_json = tmp_path / "sg.json"
+    as_json.write_text(json.dumps(data))
+    as_jsonl = tmp_path / "sg.jsonl"
+    as_jsonl.write_text("\n".join(json.dumps(d) for d in data))
+    assert load_prompts(as_json) == ["q1", "q2", "q3"]
+    assert load_prompts(as_jsonl) == ["q1", "q2", "q3"]
+
+
+def test_bad_records(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "no prompt field"}\n')
+    with pytest.raises(ValueError, match="record 0"):
+        load_prompts(path)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="no prompts"):
+        load_prompts(empty)
+
+
+def test_sharegpt_file_reads_back_in_order_in_vllm_too(tmp_path):
+    prompts = ["Explain tides.", "Write a haiku about rust.", "Name three rivers."]
+    path = write_sharegpt(prompts, tmp_path / "p.json")
+    assert load_prompts(path) == prompts
+    from vllm.benchmarks.datasets.datasets import ShareGPTDataset
+
+    dataset = ShareGPTDataset(dataset_path=str(path), disable_shuffle=True)
+    assert [d["conversations"][0]["value"] for d in dataset.data] == prompts
+
+
+def test_checkpoint_specs(tmp_path):
+    assert checkpoints.parse_spec("bench:noisy:0.7") == ("bench", "noisy", 0.7)
+    assert checkpoints.parse_spec("small:oracle") == ("small", "oracle", 0.7)
+    assert checkpoints.parse_spec("tiny") == ("tiny", "noisy", 0.7)
+    for bad in ("huge", "tiny:perfect", "tiny:noisy:1.5"):
+        with pytest.raises(ValueError):
+            checkpoints.parse_spec(bad)
+
+
+def test_preset_is_built_once_and_a_directory_is_taken_as_is(tmp_path):
+    logs = []
+    first = checkpoints.resolve("tiny:oracle", tmp_path, log=logs.append)
+    stamp = (first.path / "model.safetensors").stat().st_mtime_ns
+    again = checkpoints.resolve("tiny:oracle", tmp_path, log=logs.append)
+    assert len(logs) == 1 and again.path == first.path == tmp_path / "tiny-oracle-seed0"
+    assert (again.path / "model.safetensors").stat().st_mtime_ns == stamp
+    assert first.label == "tiny-oracle" and first.meta["mode"] == "oracle"
+    assert first.parameters == first.meta["parameters"] > 0
+    direct = checkpoints.resolve(str(first.path))
+    assert direct.path == first.path and direct.meta == first.meta
