@@ -4,6 +4,7 @@
                          whose own ``vllm`` script fails; the plugin loads through vLLM's entry point.
 ``vllm-mtp demo``        build a tiny checkpoint, serve it with MTP, query it, print acceptance.
 ``vllm-mtp build-tiny``  write a tiny DeepSeek-V3 checkpoint (random / oracle / noisy).
+``vllm-mtp inspect DIR`` what a checkpoint offers an MTP drafter (file headers only).
 ``vllm-mtp bench``       acceptance and throughput benchmark (``vllm-mtp bench --help``).
 """
 
@@ -51,6 +52,8 @@ COMMANDS = {
     "serve": serve,
     "build-tiny": build_tiny,
     "demo": lambda argv: __import__("vllm_mtp_plugin.demo", fromlist=["main"]).main(argv),
+    "inspect": lambda argv: __import__("vllm_mtp_plugin.inspect_checkpoint",
+                                       fromlist=["main"]).main(argv),
     "bench": lambda argv: __import__("vllm_mtp_plugin.bench.cli", fromlist=["main"]).main(argv),
 }
 
