@@ -1,0 +1,331 @@
+"""Small DeepSeek-V4 checkpoints in DeepSeek's own naming (``layers.{i}.*``, ``mtp.{j}.*``).
+
+They have the layout of DeepSeek-V4-Flash (``model_type: deepseek_v4``): hyper-connected blocks
+(``hc_mult`` residual streams), attention with ``wq_a/wq_b/wkv/wo_a/wo_b`` and ``attn_sink``, MoE
+with ``w1/w2/w3`` experts, a gate with ``bias``, and the MTP layer's ``enorm/hnorm/e_proj/h_proj``,
+``norm`` and ``hc_head_*``. ``quantization="fp8"`` stores what the released weights store: linears as
+``float8_e4m3fn`` with UE8M0 (``float8_e8m0fnu``) 128x128 block ``.scale`` tensors and routed
+experts as packed FP4 (``int8``, two values a byte) with 1x32 UE8M0 scales; ``expert_dtype="fp8"``
+gives the Flash-Base variant (FP8 block experts, float32 scales everywhere). ``quantization=None``
+writes bf16.
+
+Modes: ``random`` (every tensor random) and ``oracle`` (the target's greedy next token depends only
+on the current one and the MTP layer passes the token embedding through ``e_proj = I``, so a working
+drafter is accepted every time; see ``tiny.py`` for the same idea on V3).
+
+Bad checkpoints for error tests: ``without_mtp=True`` (a target quantized without its ``mtp.*``
+tensors) and ``dspark=True`` (a DSpark drafter stored under ``mtp.``: three blocks, ``main_proj``,
+``markov_head``, no ``enorm``/``hnorm``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from .tiny import oracle_embedding_and_head
+from .tiny_tokenizer import write_tokenizer
+
+MODES = ("random", "oracle")
+FP8_BLOCK = 128
+FP4_GROUP = 32
+FP8_MAX = 448.0
+# The magnitudes FP4 (e2m1) can hold; the code of a value is its index (sign in bit 3).
+FP4_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyV4Spec:
+    """Shape of a tiny DeepSeek-V4 checkpoint (head_dim 512 / rope 64 as the V4 kernels expect)."""
+
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    num_hidden_layers: int = 2
+    num_nextn_predict_layers: int = 1
+    num_attention_heads: int = 4
+    head_dim: int = 512
+    qk_rope_head_dim: int = 64
+    q_lora_rank: int = 128
+    o_groups: int = 2
+    o_lora_rank: int = 128
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    n_routed_experts: int = 64  # vLLM's CPU router takes 64+ experts, 6 or 8 per token
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 6
+    moe_intermediate_size: int = 128
+    sliding_window: int = 128
+    index_n_heads: int = 4
+    index_head_dim: int = 128
+    index_topk: int = 512
+    max_position_embeddings: int = 2048
+
+
+def hf_config(spec: TinyV4Spec, quantization: str | None, expert_dtype: str) -> dict:
+    """config.json of a DeepSeek-V4 checkpoint with this shape (fields as in V4-Flash)."""
+    config = {
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "model_type": "deepseek_v4",
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_nextn_predict_layers": spec.num_nextn_predict_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": 1,
+        "head_dim": spec.head_dim,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "q_lora_rank": spec.q_lora_rank,
+        "o_groups": spec.o_groups,
+        "o_lora_rank": spec.o_lora_rank,
+        "hc_mult": spec.hc_mult,
+        "hc_eps": 1e-6,
+        "hc_sinkhorn_iters": spec.hc_sinkhorn_iters,
+        "n_routed_experts": spec.n_routed_experts,
+        "n_shared_experts": spec.n_shared_experts,
+        "num_experts_per_tok": spec.num_experts_per_tok,
+        "moe_intermediate_size": spec.moe_intermediate_size,
+        "num_hash_layers": 0,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "scoring_func": "sqrtsoftplus",
+        "topk_method": "noaux_tc",
+        "swiglu_limit": 10.0,
+        "hidden_act": "silu",
+        "sliding_window": spec.sliding_window,
+        "index_n_heads": spec.index_n_heads,
+        "index_head_dim": spec.index_head_dim,
+        "index_topk": spec.index_topk,
+        # One entry per main layer plus the MTP layer; 0 = sliding window only.
+        "compress_ratios": [0] * (spec.num_hidden_layers + 1),
+        "compress_rope_theta": 160000,
+        "rope_theta": 10000,
+        "rope_scaling": {"type": "yarn", "factor": 1.0, "beta_fast": 32, "beta_slow": 1,
+                         "original_max_position_embeddings": spec.max_position_embeddings},
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "expert_dtype": expert_dtype,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "torch_dtype": "bfloat16",
+    }
+    if quantization == "fp8":
+        config["quantization_config"] = {
+            "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+            "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+            **({"scale_fmt": "ue8m0"} if expert_dtype == "fp4" else {}),
+        }
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantization as DeepSeek stores it
+# ---------------------------------------------------------------------------------------------
+
+
+def _pow2_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """Smallest power of two ``s`` with ``amax / s <= qmax`` (what a UE8M0 scale can hold)."""
+    return torch.exp2(torch.ceil(torch.log2(amax.clamp(min=1e-30) / qmax)))
+
+
+def quantize_fp8_block(weight: torch.Tensor, e8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight ~= fp8 * scale`` per 128x128 block; scale in UE8M0 or float32."""
+    out_dim, in_dim = weight.shape
+    rows, cols = -(-out_dim // FP8_BLOCK), -(-in_dim // FP8_BLOCK)
+    padded = torch.zeros(rows * FP8_BLOCK, cols * FP8_BLOCK)
+    padded[:out_dim, :in_dim] = weight.float()
+    blocks = padded.view(rows, FP8_BLOCK, cols, FP8_BLOCK)
+    amax = blocks.abs().amax(dim=(1, 3))
+    scale = _pow2_scale(amax, FP8_MAX) if e8m0 else (amax / FP8_MAX).clamp(min=1e-12)
+    quant = (blocks / scale[:, None, :, None]).view_as(padded)[:out_dim, :in_dim]
+    quant = quant.to(torch.float8_e4m3fn)
+    return quant.contiguous(), scale.to(torch.float8_e8m0fnu if e8m0 else torch.float32)
+
+
+def quantize_fp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed e2m1 (``int8``, element ``2k`` in the low nibble) and 1x32 UE8M0 scales."""
+    out_dim, in_dim = weight.shape
+    groups = weight.float().view(out_dim, in_dim // FP4_GROUP, FP4_GROUP)
+    scale = _pow2_scale(groups.abs().amax(-1), float(FP4_VALUES[-1]))
+    scaled = groups / scale[..., None]
+    midpoints = (FP4_VALUES[1:] + FP4_VALUES[:-1]) / 2  # round to the nearest e2m1 magnitude
+    codes = torch.bucketize(scaled.abs(), midpoints)
+    codes = (codes | ((scaled < 0) & (codes > 0)).long() << 3).view(out_dim, in_dim)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return packed.to(torch.uint8).view(torch.int8), scale.to(torch.float8_e8m0fnu)
+
+
+def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``quantize_fp4`` (tests use it to check the packing)."""
+    raw = packed.view(torch.uint8).long()
+    codes = torch.stack([raw & 0xF, raw >> 4], dim=-1).flatten(-2)
+    values = FP4_VALUES[codes & 0x7] * torch.where(codes >= 8, -1.0, 1.0)
+    return (values.view(*codes.shape[:-1], -1, FP4_GROUP) * scale.float()[..., None]).flatten(-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors
+# ---------------------------------------------------------------------------------------------
+
+
+class _Init:
+    def __init__(self, seed: int):
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def normal(self, *shape: int, std: float = 0.02) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen) * std
+
+
+LINEAR, EXPERT, PLAIN = "linear", "expert", "plain"
+
+
+def block_tensors(spec: TinyV4Spec, p: str, init: _Init, residual_std: float) -> dict:
+    """One hyper-connected V4 decoder block: ``{name: (tensor, kind)}``.
+
+    ``residual_std`` is the std of the projections that write into the residual streams
+    (``wo_b``, ``w2``): small in oracle mode so that the streams stay close to the embedding.
+    """
+    h, heads, hd = spec.hidden_size, spec.num_attention_heads, spec.head_dim
+    inter, hc = spec.moe_intermediate_size, spec.hc_mult
+    mix = (2 + hc) * hc
+    t = {
+        f"{p}.attn.attn_sink": (init.normal(heads, std=1.0), PLAIN),
+        f"{p}.attn.kv_norm.weight": (torch.ones(hd), PLAIN),
+        f"{p}.attn.q_norm.weight": (torch.ones(spec.q_lora_rank), PLAIN),
+        f"{p}.attn.wq_a.weight": (init.normal(spec.q_lora_rank, h), LINEAR),
+        f"{p}.attn.wq_b.weight": (init.normal(heads * hd, spec.q_lora_rank), LINEAR),
+        f"{p}.attn.wkv.weight": (init.normal(hd, h), LINEAR),
+        f"{p}.attn.wo_a.weight": (init.normal(spec.o_groups * spec.o_lora_rank,
+                                              heads * hd // spec.o_groups), LINEAR),
+        f"{p}.attn.wo_b.weight": (init.normal(h, spec.o_groups * spec.o_lora_rank,
+                                              std=residual_std), LINEAR),
+        f"{p}.attn_norm.weight": (torch.ones(h), PLAIN),
+        f"{p}.ffn_norm.weight": (torch.ones(h), PLAIN),
+        f"{p}.ffn.gate.weight": (init.normal(spec.n_routed_experts, h), PLAIN),
+        f"{p}.ffn.gate.bias": (torch.zeros(spec.n_routed_experts), PLAIN),
+    }
+    shared = inter * spec.n_shared_experts
+    t[f"{p}.ffn.shared_experts.w1.weight"] = (init.normal(shared, h), LINEAR)
+    t[f"{p}.ffn.shared_experts.w3.weight"] = (init.normal(shared, h), LINEAR)
+    t[f"{p}.ffn.shared_experts.w2.weight"] = (init.normal(h, shared, std=residual_std), LINEAR)
+    for e in range(spec.n_routed_experts):
+        t[f"{p}.ffn.experts.{e}.w1.weight"] = (init.normal(inter, h), EXPERT)
+        t[f"{p}.ffn.experts.{e}.w3.weight"] = (init.normal(inter, h), EXPERT)
+        t[f"{p}.ffn.experts.{e}.w2.weight"] = (init.normal(h, inter, std=residual_std), EXPERT)
+    for sub in ("attn", "ffn"):
+        t[f"{p}.hc_{sub}_fn"] = (init.normal(mix, hc * h), PLAIN)
+        t[f"{p}.hc_{sub}_base"] = (init.normal(mix), PLAIN)
+        t[f"{p}.hc_{sub}_scale"] = (torch.ones(3), PLAIN)
+    return t
+
+
+def hc_head_tensors(spec: TinyV4Spec, p: str, init: _Init) -> dict:
+    hc = spec.hc_mult
+    return {
+        f"{p}hc_head_fn": (init.normal(hc, hc * spec.hidden_size), PLAIN),
+        f"{p}hc_head_base": (init.normal(hc), PLAIN),
+        f"{p}hc_head_scale": (torch.ones(1), PLAIN),
+    }
+
+
+def dspark_tensors(spec: TinyV4Spec, init: _Init) -> dict:
+    """A DSpark drafter under ``mtp.``: three blocks and its own heads, no enorm/hnorm."""
+    h = spec.hidden_size
+    t = {}
+    for stage in range(3):
+        t.update(block_tensors(spec, f"mtp.{stage}", init, 0.02))
+    t[f"mtp.0.main_proj.weight"] = (init.normal(h, 2 * h), LINEAR)
+    t[f"mtp.0.main_norm.weight"] = (torch.ones(h), PLAIN)
+    t[f"mtp.2.norm.weight"] = (torch.ones(h), PLAIN)
+    t[f"mtp.2.markov_head.weight"] = (init.normal(16, h), PLAIN)
+    t.update(hc_head_tensors(spec, "mtp.2.", init))
+    return t
+
+
+def build_tensors(spec: TinyV4Spec, mode: str, seed: int, *, without_mtp: bool = False,
+                  dspark: bool = False, mtp_copies: bool = False) -> tuple[dict, dict]:
+    """``{name: (float tensor, kind)}`` before quantization, and metadata."""
+    if mode not in MODES:
+        raise ValueError(f"unknown tiny V4 checkpoint mode {mode!r}; choose one of {MODES}")
+    gen = torch.Generator().manual_seed(seed)
+    init = _Init(seed + 1)
+    h = spec.hidden_size
+    residual_std = 0.02 if mode == "random" else 0.002
+    if mode == "random":
+        embed, head = init.normal(spec.vocab_size, h), init.normal(spec.vocab_size, h)
+        e_proj, h_proj = init.normal(h, h), init.normal(h, h)
+    else:
+        embed, head, _ = oracle_embedding_and_head(spec, gen)
+        e_proj, h_proj = torch.eye(h), torch.zeros(h, h)
+    t = {"embed.weight": (embed, PLAIN), "head.weight": (head, PLAIN),
+         "norm.weight": (torch.ones(h), PLAIN), **hc_head_tensors(spec, "", init)}
+    for i in range(spec.num_hidden_layers):
+        t.update(block_tensors(spec, f"layers.{i}", init, residual_std))
+    if dspark:
+        t.update(dspark_tensors(spec, init))
+    elif not without_mtp:
+        for j in range(spec.num_nextn_predict_layers):
+            p = f"mtp.{j}"
+            t.update(block_tensors(spec, p, init, residual_std))
+            t.update(hc_head_tensors(spec, f"{p}.", init))
+            t.update({
+                f"{p}.enorm.weight": (torch.ones(h), PLAIN),
+                f"{p}.hnorm.weight": (torch.ones(h), PLAIN),
+                f"{p}.e_proj.weight": (e_proj.clone(), LINEAR),
+                f"{p}.h_proj.weight": (h_proj.clone(), LINEAR),
+                f"{p}.norm.weight": (torch.ones(h), PLAIN),
+            })
+            if mtp_copies:
+                t[f"{p}.emb.tok_emb.weight"] = (embed.clone(), PLAIN)
+                t[f"{p}.head.weight"] = (head.clone(), PLAIN)
+    return t, {"mode": mode, "seed": seed, "without_mtp": without_mtp, "dspark": dspark}
+
+
+def _is_fp32(name: str) -> bool:
+    """Tensors DeepSeek keeps in float32: hyper-connection mixers, attention sinks, gate bias."""
+    return ".hc_" in f".{name}" or name.endswith(("attn_sink", "gate.bias"))
+
+
+def encode(tensors: dict, quantization: str | None, expert_dtype: str) -> dict[str, torch.Tensor]:
+    """Store each tensor as DeepSeek does: FP8/FP4 + ``.scale`` or bf16/float32."""
+    out: dict[str, torch.Tensor] = {}
+    e8m0 = expert_dtype == "fp4"
+    for name, (value, kind) in tensors.items():
+        stem = name.removesuffix(".weight")
+        if quantization == "fp8" and kind == EXPERT and expert_dtype == "fp4":
+            out[name], out[f"{stem}.scale"] = quantize_fp4(value)
+        elif quantization == "fp8" and kind in (LINEAR, EXPERT):
+            out[name], out[f"{stem}.scale"] = quantize_fp8_block(value, e8m0)
+        else:
+            out[name] = value.to(torch.float32 if _is_fp32(name) else torch.bfloat16).contiguous()
+    return out
+
+
+def build_checkpoint(out_dir: str | Path, mode: str = "oracle", seed: int = 0,
+                     quantization: str | None = "fp8", expert_dtype: str = "fp4",
+                     without_mtp: bool = False, dspark: bool = False, mtp_copies: bool = False,
+                     spec: TinyV4Spec | None = None, **overrides) -> Path:
+    """Write config.json, tokenizer files, model.safetensors and tiny_meta.json into ``out_dir``.
+
+    ``mtp_copies`` also stores ``mtp.{j}.emb.tok_emb.weight`` / ``mtp.{j}.head.weight`` (some
+    exports do; V4-Flash keeps only the top-level ``embed``/``head``).
+    """
+    from safetensors.torch import save_file
+
+    spec = dataclasses.replace(spec or TinyV4Spec(), **overrides)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors, meta = build_tensors(spec, mode, seed, without_mtp=without_mtp, dspark=dspark,
+                                  mtp_copies=mtp_copies)
+    stored = encode(tensors, quantization, expert_dtype)
+    save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config(spec, quantization, expert_dtype),
+                                                indent=2))
+    write_tokenizer(out, spec.vocab_size)
+    meta.update(spec=dataclasses.asdict(spec), quantization=quantization,
+                expert_dtype=expert_dtype, tensors=len(stored))
+    (out / "tiny_meta.json").write_text(json.dumps(meta, indent=2))
+    return out
