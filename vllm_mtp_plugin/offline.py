@@ -105,15 +105,21 @@ def _drafter_report(llm) -> dict:
 def _request_latency(output) -> dict:
     """TTFT and TPOT of one finished request from the engine's own timestamps (seconds).
 
-    TTFT counts from arrival, so it includes the time a request waited for a batch slot; TPOT is
-    (last token - first token) / (tokens - 1), as ``vllm bench serve`` defines it.
+    ``generate`` submits every prompt at once, so with fewer batch slots than prompts a request
+    waits in the queue; TTFT counts from when it was first scheduled (like a client that sends a
+    request when a slot frees up), ``queued`` is the wait. TPOT is (last token - first token) /
+    (tokens - 1), as ``vllm bench serve`` defines it.
     """
     stats = getattr(output, "metrics", None)
     n = len(output.outputs[0].token_ids)
-    ttft = getattr(stats, "first_token_latency", None) or None
-    first, last = getattr(stats, "first_token_ts", 0.0), getattr(stats, "last_token_ts", 0.0)
-    tpot = (last - first) / (n - 1) if n > 1 and first and last else None
-    return {"output_tokens": n, "ttft": ttft, "tpot": tpot}
+    ts = {k: getattr(stats, k, 0.0) or 0.0 for k in
+          ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")}
+    ttft = ts["first_token_ts"] - ts["scheduled_ts"] if ts["first_token_ts"] and ts[
+        "scheduled_ts"] else None
+    queued = ts["scheduled_ts"] - ts["queued_ts"] if ts["scheduled_ts"] and ts["queued_ts"] else None
+    tpot = ((ts["last_token_ts"] - ts["first_token_ts"]) / (n - 1)
+            if n > 1 and ts["first_token_ts"] and ts["last_token_ts"] else None)
+    return {"output_tokens": n, "ttft": ttft, "tpot": tpot, "queued": queued}
 
 
 def _child(request_path: str, result_path: str) -> None:
