@@ -125,6 +125,7 @@ def test_parameter_names_read_back_as_checkpoint_names():
     assert weight_map.checkpoint_name(f"model.layers.{L + 1}.shared_head.norm.weight") == \
         "mtp.1.norm.weight"
     assert weight_map.checkpoint_name(f"model.layers.{L}.hnorm.weight") == "mtp.0.hnorm.weight"
+    assert weight_map.checkpoint_name(f"model.layers.{L}.e_proj.weight_scale_inv") == "mtp.0.e_proj.scale"
 
 
 def templates(names) -> set[str]:

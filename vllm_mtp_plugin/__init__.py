@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 # `--speculative-config '{"method": "mtp"}'` picks these with no other change.
 ARCHITECTURES: dict[str, str] = {
     "DeepSeekMTPModel": "vllm_mtp_plugin.models.v3:DeepSeekMTP",
+    "DeepSeekV4MTPModel": "vllm_mtp_plugin.models.v4:DeepSeekV4MTP",
 }
 
 _registered = False

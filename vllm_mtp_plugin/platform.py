@@ -92,7 +92,8 @@ def deepseek_v4_block_qualname() -> str:
     """
     from vllm.platforms import current_platform
 
-    named = getattr(current_platform, V4_BLOCK_ATTRIBUTE, None)
+    # On the class: the platform instance logs a warning for every attribute it lacks.
+    named = getattr(type(current_platform), V4_BLOCK_ATTRIBUTE, None)
     if named:
         return named
     family = platform_family()

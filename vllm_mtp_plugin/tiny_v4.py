@@ -318,9 +318,16 @@ def build_checkpoint(out_dir: str | Path, mode: str = "oracle", seed: int = 0,
     spec = dataclasses.replace(spec or TinyV4Spec(), **overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors, meta = build_tensors(spec, mode, seed, without_mtp=without_mtp, dspark=dspark,
-                                  mtp_copies=mtp_copies)
-    stored = encode(tensors, quantization, expert_dtype)
+    # Thousands of tiny tensors: one thread. With OpenMP fan-out (and after `import vllm`, whose
+    # thread settings make it worse on a busy 2-core machine) the same build takes 15x longer.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tensors, meta = build_tensors(spec, mode, seed, without_mtp=without_mtp, dspark=dspark,
+                                      mtp_copies=mtp_copies)
+        stored = encode(tensors, quantization, expert_dtype)
+    finally:
+        torch.set_num_threads(threads)
     save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config(spec, quantization, expert_dtype),
                                                 indent=2))

@@ -75,6 +75,7 @@ def v4_weight_map(expert_params: dict[str, str], expert_dtype: str, num_hidden_l
              lambda m: f"mtp.{int(m.group(1)) - num_hidden_layers}."),
             (r"\.mtp_block\.", "."),
             (r"\.shared_head\.norm\.", ".norm."),
+            (r"\.weight_scale(_inv)?$", ".scale"),
         ),
         prefix_rules=(
             Rule(rf"^mtp\.\d+\.(?=({own})\b)", "model.layers.{layer}."),
