@@ -122,5 +122,6 @@ def attach_target_parts(drafter, tensors: dict[str, torch.Tensor]) -> None:
         head = ParallelLMHead(vocab, hidden, params_dtype=torch.bfloat16)
     embed.weight.data.copy_(tensors["embed.weight"])
     head.weight.data.copy_(tensors["head.weight"])
+    head.quant_method.process_weights_after_loading(head)  # the target's head was processed too
     drafter.model.embed_tokens = embed
     drafter.lm_head = head

@@ -1,0 +1,156 @@
+"""The V4 drafter's forward and compute_logits on this CPU, with vLLM's CPU V4 block (bf16 weights).
+
+What runs: the input fusion, vLLM's hyper-connected block (hc_pre/hc_post kernels, MoE with vLLM's
+CPU experts and router) and ``hc_head`` -> norm -> the target's head. What cannot run here: the
+block's attention kernels. Without attention metadata (as in vLLM's own profiling run) vLLM's
+CPU V4 attention returns zeros, so the block's attention contributes nothing in these tests; real
+metadata needs vLLM's Triton kernels (see platform.deepseek_v4_cpu_blockers).
+
+References are computed here from the checkpoint tensors with plain tensor arithmetic.
+"""
+
+import pytest
+import torch
+from v4_support.harness import (
+    attach_target_parts,
+    build_drafter,
+    checkpoint_tensors,
+    engine_config,
+    single_process_vllm,
+    tiny_v4_checkpoint,
+)
+
+L, HC, H, EPS = 2, 4, 256, 1e-6
+
+
+@pytest.fixture(scope="module")
+def bf16_dir():
+    return tiny_v4_checkpoint("random", quantization=None)
+
+
+@pytest.fixture(scope="module")
+def tensors(bf16_dir):
+    return checkpoint_tensors(bf16_dir)
+
+
+@pytest.fixture(scope="module")
+def vllm_config(bf16_dir):
+    with single_process_vllm(engine_config(bf16_dir)) as config:
+        yield config
+
+
+@pytest.fixture(scope="module")
+def drafter(vllm_config, tensors):
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    model = build_drafter(vllm_config)
+    assert model.load_weights(tensors.items()) == {n for n, _ in model.named_parameters()}
+    process_weights_after_loading(model, vllm_config.model_config, torch.device("cpu"))
+    attach_target_parts(model, tensors)
+    return model
+
+
+def inputs(tokens=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 2048, (tokens,), generator=g)
+    positions = torch.arange(tokens)  # position 0: no previous token, embedding zeroed
+    hidden = torch.randn(tokens, HC * H, generator=g).to(torch.bfloat16)
+    return ids, positions, hidden
+
+
+def rms(x, weight):
+    x = x.float()
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS) * weight.float()
+
+
+def reference_fusion(t, ids, positions, hidden):
+    """h_proj(hnorm(h)) per stream + e_proj(enorm(e)), notes/mtp.md, in fp32."""
+    w = lambda n: t[f"mtp.0.{n}"].float()  # noqa: E731
+    e = t["embed.weight"].float()[ids] * (positions != 0).float()[:, None]
+    h = hidden.float().view(-1, HC, H)
+    return rms(h, w("hnorm.weight")) @ w("h_proj.weight").T + \
+        (rms(e, w("enorm.weight")) @ w("e_proj.weight").T)[:, None, :]
+
+
+def reference_logits(t, x):
+    """head(norm(hc_head(x))) with the checkpoint's hc_head_* and norm, in fp32."""
+    w = lambda n: t[f"mtp.0.{n}"].float()  # noqa: E731
+    flat = x.float()
+    mix = rms(flat, torch.ones(HC * H)) @ w("hc_head_fn").T
+    pre = torch.sigmoid(mix * w("hc_head_scale") + w("hc_head_base")) + 1e-6
+    y = (pre[:, :, None] * flat.view(-1, HC, H)).sum(1)
+    return rms(y, w("norm.weight")) @ t["head.weight"].float().T
+
+
+def test_input_fusion_matches_the_formula_in_bf16(drafter, tensors):
+    ids, positions, hidden = inputs()
+    layer = drafter.model.layer_for_step(0)
+    fused = layer.fuse_inputs(positions, hidden, drafter.embed_input_ids(ids))
+    assert fused.shape == (6, HC, H) and fused.dtype == torch.bfloat16
+    expected = reference_fusion(tensors, ids, positions, hidden)
+    torch.testing.assert_close(fused.float(), expected, atol=0.05, rtol=0.02)
+    # Position 0 gets no embedding term: its streams are h_proj(hnorm(h)) alone.
+    h_only = rms(hidden.float().view(-1, HC, H)[0], tensors["mtp.0.hnorm.weight"]) @ \
+        tensors["mtp.0.h_proj.weight"].float().T
+    torch.testing.assert_close(fused[0].float(), h_only, atol=0.05, rtol=0.02)
+
+
+def test_input_fusion_matches_the_formula_in_fp32(vllm_config, bf16_dir, tensors):
+    """The same layer built in fp32 (the V4 block itself only runs in bf16 on CPU)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    from vllm_mtp_plugin.models.v4 import DeepSeekV4MTP
+
+    config32 = engine_config(bf16_dir)
+    config32.model_config.dtype = torch.float32
+    with set_current_vllm_config(config32), set_default_torch_dtype(torch.float32):
+        model = DeepSeekV4MTP(vllm_config=config32, prefix="")
+        model.load_weights(tensors.items())
+        process_weights_after_loading(model, config32.model_config, torch.device("cpu"))
+        layer = model.model.layer_for_step(0)
+        ids, positions, hidden = inputs()
+        embeds = tensors["embed.weight"].float()[ids]
+        fused = layer.fuse_inputs(positions, hidden.float(), embeds)
+    assert fused.dtype == torch.float32
+    torch.testing.assert_close(fused, reference_fusion(tensors, ids, positions, hidden),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_forward_is_fusion_then_vllms_block_flattened_and_feeds_back(drafter, vllm_config):
+    from vllm.forward_context import set_forward_context
+
+    ids, positions, hidden = inputs()
+    layer = drafter.model.layer_for_step(0)
+    with set_forward_context(None, vllm_config):
+        out = drafter(input_ids=ids, positions=positions, hidden_states=hidden)
+        x = layer.fuse_inputs(positions, hidden, drafter.embed_input_ids(ids))
+        y, residual, post, comb = layer.mtp_block(x=x, positions=positions, input_ids=None)
+        if residual is not None:
+            y = layer.mtp_block.hc_post(y, residual, post, comb)
+        # Step 2 is fed the flat residual of step 1, as vLLM's proposer does for k > 1.
+        again = drafter(input_ids=ids, positions=positions + 1, hidden_states=out)
+    assert out.shape == (6, HC * H) and out.dtype == torch.bfloat16
+    assert torch.equal(out, y.flatten(1))
+    assert not torch.equal(out.view(-1, HC, H), x)  # the block changed the streams
+    assert again.shape == out.shape and torch.isfinite(again.float()).all()
+    assert not torch.equal(again, out)
+
+
+def test_compute_logits_is_hc_head_norm_and_the_targets_head(drafter, tensors):
+    _, _, hidden = inputs(seed=1)
+    layer = drafter.model.layer_for_step(0)
+    assert layer.hc_head._forward_method == layer.hc_head.forward_cpu  # vLLM's CPU kernel here
+    logits = drafter.compute_logits(hidden)
+    assert logits.shape == (6, 2048)
+    expected = reference_logits(tensors, hidden)
+    torch.testing.assert_close(logits.float(), expected, atol=0.05, rtol=0.05)
+    assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+
+
+def test_the_drafter_class_vllm_gets_for_v4():
+    import vllm_mtp_plugin
+
+    assert vllm_mtp_plugin.ARCHITECTURES["DeepSeekV4MTPModel"] == \
+        "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
