@@ -17,8 +17,10 @@ Two environment facts of the CPU worker are reproduced here, each where it appli
   It can go when this machine has AMX (see ``platform.deepseek_v4_cpu_blockers``).
 """
 
+import atexit
 import contextlib
 import functools
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -34,7 +36,9 @@ _ROOT = None
 def tiny_v4_checkpoint(mode: str = "random", **kwargs) -> Path:
     """A tiny V4 checkpoint (``tiny_v4.build_checkpoint``), built once per process."""
     global _ROOT
-    _ROOT = _ROOT or Path(tempfile.mkdtemp(prefix="tiny-v4-"))
+    if _ROOT is None:
+        _ROOT = Path(tempfile.mkdtemp(prefix="tiny-v4-"))
+        atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
     name = "-".join([mode, *(f"{k}={v}" for k, v in sorted(kwargs.items()))])
     return build_checkpoint(_ROOT / name, mode, **kwargs)
 
