@@ -11,9 +11,9 @@ vLLM's ``HCHeadOp`` has kernels for CUDA (tilelang), ROCm, XPU and CPU, and a ``
 that raises, so on an out-of-tree platform without a kernel of its own the op fails. ``PortableHCHeadOp``
 is vLLM's op with this formula as its native/out-of-tree path; ``register_portable_hc_head`` puts it
 in vLLM's out-of-tree op registry (``CustomOp.register_oot``) on out-of-tree platforms, so every
-``HCHeadOp()`` built afterwards (ours, and a target's) dispatches to it there. Kernels that exist
-keep being used: CUDA/ROCm/XPU/CPU dispatch is untouched, and a platform that registered its own
-``HCHeadOp`` replacement first keeps it.
+``HCHeadOp()`` built afterwards dispatches to it there (the drafter registers it when it is built,
+which is after its target). Kernels that exist keep being used: CUDA/ROCm/XPU/CPU dispatch is
+untouched, and a platform that registered its own ``HCHeadOp`` replacement first keeps it.
 """
 
 import torch
