@@ -174,3 +174,17 @@ def test_cross_check_parsing_and_comparison():
     assert crosscheck.compare(ours, theirs)["agree"]
     assert not crosscheck.compare(ours, {**theirs, "num_accepted_tokens": 32})["agree"]
     assert not crosscheck.compare(ours, {**theirs, "per_position_acceptance": [0.5]})["agree"]
+
+
+def test_interference_meter_reads_proc():
+    import os
+
+    from vllm_mtp_plugin.bench import interference
+
+    parent, _ = interference._stat(os.getpid())
+    assert parent == os.getppid()
+    assert interference.tree_seconds(os.getpid()) >= interference._stat(os.getpid())[1]
+    with interference.Meter() as meter:
+        sum(range(10_000))
+    result = meter.result()
+    assert result["wall_s"] > 0 and result["other_cpu_s"] >= 0

@@ -66,6 +66,12 @@ PRESETS: dict[str, TinySpec] = {
         num_attention_heads=16, q_lora_rank=None, qk_nope_head_dim=64, v_head_dim=64,
         n_routed_experts=8, first_k_dense_replace=8,
     ),
+    # ~800 M: the bench shape with twice the layers, to show the trend with size.
+    "large": TinySpec(
+        hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408, num_hidden_layers=16,
+        num_attention_heads=16, q_lora_rank=None, qk_nope_head_dim=64, v_head_dim=64,
+        n_routed_experts=8, first_k_dense_replace=16,
+    ),
 }
 
 

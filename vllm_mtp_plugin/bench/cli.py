@@ -17,7 +17,7 @@ from pathlib import Path
 from . import analysis, report
 from .checkpoints import resolve
 from .prompts import load_prompts
-from .sweep import MODES, Sweep
+from .sweep import DEFAULT_CHECKPOINT, MODES, Sweep
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -25,7 +25,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("mode", choices=MODES)
     p.add_argument("--checkpoint", "-m", action="append", dest="checkpoints",
                    help="a checkpoint directory or PRESET[:MODE[:ACCEPTANCE]] of tiny.py, e.g. "
-                        "bench:noisy:0.7 (repeatable; default bench:noisy:0.7)")
+                        f"{DEFAULT_CHECKPOINT} (repeatable; default {DEFAULT_CHECKPOINT})")
     p.add_argument("--impl", nargs="+", default=["plugin", "in-tree"],
                    choices=("plugin", "in-tree"))
     p.add_argument("-k", "--num-speculative-tokens", nargs="+", type=int, default=[0, 1, 2, 3],
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from tqdm import tqdm
 
-    sweep = Sweep(mode=args.mode, checkpoints=args.checkpoints or ["bench:noisy:0.7"],
+    sweep = Sweep(mode=args.mode, checkpoints=args.checkpoints or [DEFAULT_CHECKPOINT],
                   impls=args.impl, ks=args.ks, concurrencies=args.concurrency,
                   prompts=args.prompts, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                   warmup=args.warmup, repeats=args.repeats, max_model_len=args.max_model_len,
@@ -124,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     table = report.markdown_table(rows)
     (out / "table.md").write_text(table + "\n")
     print(table)
-    checks = report.cross_check_text(rows)
-    if checks:
-        print("\n" + checks)
+    for text in (report.interference_text(rows, os.cpu_count() or 1),
+                 report.cross_check_text(rows)):
+        if text:
+            print("\n" + text)
     if not args.no_plots:
         for path in report.plot_all(rows, out):
             print(f"plot: {path}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..offline import OfflineConfig, run_config
 from .analysis import finish_row, latency_summary
 from .checkpoints import Checkpoint
+from .interference import Meter
 from .sweep import Config, Sweep
 
 
@@ -28,8 +29,9 @@ def offline_config(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list
 def run_offline(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list[str],
                 log_path: Path) -> dict:
     """Measure one configuration; return its result row (see ``analysis.finish_row``)."""
-    result = run_config(offline_config(sweep, ckpt, config, prompts), timeout=sweep.timeout,
-                        log_path=str(log_path))
+    with Meter() as meter:
+        result = run_config(offline_config(sweep, ckpt, config, prompts), timeout=sweep.timeout,
+                            log_path=str(log_path))
     runs = []
     for run in result["runs"]:
         requests = run.get("requests") or []
@@ -50,6 +52,6 @@ def run_offline(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list[st
         "max_tokens": sweep.max_tokens, "repeats": sweep.repeats,
         "init_seconds": result.get("init_seconds"),
         "drafter_class": drafter.get("class"), "draft_bytes": drafter.get("allocated_bytes"),
-        "log": str(log_path),
+        "log": str(log_path), "interference": meter.result(),
     }
     return finish_row(row, runs)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 COLUMNS = ("checkpoint", "impl", "k", "conc", "tok/s", "speed-up", "ideal", "meas/ideal",
            "vs in-tree", "accept", "accept len", "per position", "TTFT ms mean/p50/p99",
-           "TPOT ms mean/p50/p99", "draft MiB")
+           "TPOT ms mean/p50/p99", "draft MiB", "other CPU s")
 
 
 def _num(value, fmt: str = "{:.2f}") -> str:
@@ -38,6 +38,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
             " ".join(f"{p:.2f}" for p in per_pos) or "–",
             _latency(r.get("ttft_ms")), _latency(r.get("tpot_ms")),
             _num(r["draft_bytes"] / 2**20 if r.get("draft_bytes") else None, "{:.1f}"),
+            _num((r.get("interference") or {}).get("other_cpu_s"), "{:.1f}"),
         ])
     return out
 
@@ -46,6 +47,20 @@ def markdown_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     return "\n".join(lines)
+
+
+def interference_text(rows: list[dict], cpus: int, share: float = 0.05) -> str:
+    """A warning naming configurations during which other processes used > ``share`` of the CPUs."""
+    busy = []
+    for r in rows:
+        i = r.get("interference") or {}
+        if i.get("other_cpu_s") is not None and i["other_cpu_s"] > share * i["wall_s"] * cpus:
+            busy.append(f"{r['checkpoint']} {r['impl']} k={r['k']} c={r['concurrency']} "
+                        f"({i['other_cpu_s']:.0f} CPU s in {i['wall_s']:.0f} s)")
+    if not busy:
+        return ""
+    return ("warning: other processes were busy during " + "; ".join(busy)
+            + ": their timings are distorted; rerun on a quiet machine")
 
 
 def cross_check_text(rows: list[dict]) -> str:

@@ -18,6 +18,7 @@ from ..server import Server
 from .analysis import finish_row, latency_summary
 from .checkpoints import Checkpoint
 from .crosscheck import compare, run_vllm_bench_serve
+from .interference import Meter
 from .loadgen import run_requests, served_model
 from .sweep import Config, Sweep
 
@@ -43,24 +44,25 @@ def serve_args(sweep: Sweep, k: int) -> list[str]:
 
 
 def measure(base_url: str, model: str, sweep: Sweep, concurrency: int, prompts: list[str],
-            on_done: Callable[[], None] | None = None) -> list[dict]:
-    """Warm up, then ``repeats`` passes; one run dict per pass."""
+            meter: Meter, on_done: Callable[[], None] | None = None) -> list[dict]:
+    """Warm up, then ``repeats`` passes (inside ``meter``); one run dict per pass."""
     if sweep.warmup:
         run_requests(base_url, model, prompts[: max(sweep.warmup, concurrency)],
                      sweep.max_tokens, concurrency)
     runs = []
-    for _ in range(sweep.repeats):
-        before = metrics.scrape(base_url)
-        requests, seconds = run_requests(base_url, model, prompts, sweep.max_tokens, concurrency,
-                                         on_done)
-        counters = metrics.scrape(base_url) - before
-        tokens = sum(r["output_tokens"] for r in requests)
-        runs.append({
-            "seconds": seconds, "output_tokens": tokens, "output_tok_s": tokens / seconds,
-            "spec_decode": counters.summary() if counters.num_drafts else None,
-            "ttft_ms": latency_summary(r["ttft"] for r in requests),
-            "tpot_ms": latency_summary(r["tpot"] for r in requests),
-        })
+    with meter:
+        for _ in range(sweep.repeats):
+            before = metrics.scrape(base_url)
+            requests, seconds = run_requests(base_url, model, prompts, sweep.max_tokens,
+                                             concurrency, on_done)
+            counters = metrics.scrape(base_url) - before
+            tokens = sum(r["output_tokens"] for r in requests)
+            runs.append({
+                "seconds": seconds, "output_tokens": tokens, "output_tok_s": tokens / seconds,
+                "spec_decode": counters.summary() if counters.num_drafts else None,
+                "ttft_ms": latency_summary(r["ttft"] for r in requests),
+                "tpot_ms": latency_summary(r["tpot"] for r in requests),
+            })
     return runs
 
 
@@ -82,7 +84,10 @@ def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], prom
     rows = []
     try:
         for config in configs:
-            runs = measure(base_url, model, sweep, config.concurrency, prompts, on_done)
+            meter = Meter()
+            if server:
+                meter.watch(server.process.pid)
+            runs = measure(base_url, model, sweep, config.concurrency, prompts, meter, on_done)
             row = finish_row({
                 "mode": "serve", "checkpoint": ckpt.label, "checkpoint_path": str(ckpt.path),
                 "parameters": ckpt.parameters, "impl": config.impl, "k": config.k,
@@ -90,6 +95,7 @@ def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], prom
                 "max_tokens": sweep.max_tokens, "repeats": sweep.repeats,
                 "base_url": base_url, "drafter_class": None, "draft_bytes": None,
                 "log": str(server.log_path) if server else None,
+                "interference": meter.result(),
             }, runs)
             if sweep.cross_check and config.k:
                 log(f"cross-check: vllm bench serve on {config.label()}")

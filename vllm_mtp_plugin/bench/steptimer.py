@@ -75,9 +75,14 @@ def summarize(steps: list[dict]) -> dict:
 
     total = [s.get("execute_model", 0.0) + s.get("sample_tokens", 0.0) for s in decode]
     draft = [s.get("propose_draft_token_ids", 0.0) for s in decode]
+    every = [s.get("execute_model", 0.0) + s.get("sample_tokens", 0.0) for s in steps]
     return {
         "steps": len(steps),
         "decode_steps": len(decode),
+        # All steps, prefills included: against the pass's wall time this shows the time spent
+        # outside the model runner (scheduling, output processing, other processes).
+        "all_steps_s": sum(every),
+        "max_step_ms": max(every, default=0.0) * 1e3,
         "step_ms": median_ms(total),
         "draft_ms": median_ms(draft),
         "target_ms": median_ms([t - d for t, d in zip(total, draft)]),
