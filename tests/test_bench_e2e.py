@@ -15,7 +15,7 @@ ROW_FIELDS = ("checkpoint", "impl", "k", "concurrency", "output_tok_s", "speedup
 def offline(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-offline")
     code = main(["offline", "-m", "tiny:oracle", "-k", "0", "2", "--impl", "plugin", "in-tree",
-                 "--num-prompts", "2", "--max-tokens", "12", "--repeats", "2",
+                 "--num-prompts", "2", "--max-tokens", "12", "--repeats", "2", "--processes", "1",
                  "--cache-dir", str(out / "cache"), "--out", str(out)])
     assert code == 0
     return out, json.loads((out / "results.json").read_text())

@@ -1,5 +1,6 @@
 """Benchmark arithmetic: Prometheus text -> counters -> rates, deltas, sums, speed-ups, the bound."""
 
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -134,6 +135,18 @@ def test_finish_row_medians_over_repeats():
     assert row["output_tok_s"] == 7 and row["ttft_ms"] == {"mean": 7} and row["tpot_ms"] == {"mean": 14}
     assert row["acceptance_rate"] == pytest.approx(4 / 12)
     assert row["per_position_acceptance"] == pytest.approx([4 / 6])
+
+
+def test_rates_are_a_median_over_engine_processes():
+    # Process 0 ran slow (both repeats), processes 1 and 2 fast: the row takes the middle process.
+    runs = [{"process": p, "output_tok_s": v, "steps": {"step_ms": 1000 / v}}
+            for p, v in ((0, 25), (0, 26), (1, 37), (1, 36), (2, 30), (2, 31))]
+    row = analysis.finish_row({}, runs)
+    assert row["output_tok_s_processes"] == [25.5, 36.5, 30.5]
+    assert row["output_tok_s"] == 30.5
+    assert row["steps"]["step_ms"] == pytest.approx(statistics.median(
+        [statistics.median([40, 1000 / 26]), statistics.median([1000 / 37, 1000 / 36]),
+         statistics.median([1000 / 30, 1000 / 31])]))
 
 
 def test_step_timer_summary_uses_decode_steps():

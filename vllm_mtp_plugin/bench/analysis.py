@@ -106,10 +106,16 @@ def add_derived(rows: list[dict]) -> list[dict]:
 
 
 def finish_row(row: dict, runs: list[dict]) -> dict:
-    """Aggregate per-repeat measurements: medians of rates and latencies, summed counters."""
+    """Aggregate per-repeat measurements: summed counters, medians of latencies, and for rates
+    and step timings the median over engine processes of each process's median."""
     counters = total_counters(r.get("spec_decode") for r in runs)
+    processes: dict[int, list[dict]] = {}
+    for run in runs:
+        processes.setdefault(run.get("process", 0), []).append(run)
+    per_process = [median(r.get("output_tok_s") for r in rs) for rs in processes.values()]
     row["runs"] = runs
-    row["output_tok_s"] = median(r.get("output_tok_s") for r in runs)
+    row["output_tok_s"] = median(per_process)
+    row["output_tok_s_processes"] = per_process
     row["spec_decode"] = counters.summary()
     row["acceptance_rate"] = counters.acceptance_rate
     row["mean_acceptance_length"] = counters.mean_acceptance_length
@@ -117,5 +123,6 @@ def finish_row(row: dict, runs: list[dict]) -> dict:
     row["ttft_ms"] = median_of([r.get("ttft_ms") for r in runs])
     row["tpot_ms"] = median_of([r.get("tpot_ms") for r in runs])
     if any(r.get("steps") for r in runs):
-        row["steps"] = median_of([r.get("steps") for r in runs])
+        row["steps"] = median_of([median_of([r.get("steps") for r in rs])
+                                  for rs in processes.values()])
     return row

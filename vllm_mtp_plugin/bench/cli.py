@@ -37,7 +37,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=4, help="requests per measured pass")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--warmup", type=int, default=1, help="warm-up requests per configuration")
-    p.add_argument("--repeats", type=int, default=3, help="measured passes; figures are medians")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="measured passes per engine process; figures are medians")
+    p.add_argument("--processes", type=int, default=3,
+                   help="offline: engine processes per configuration, interleaved; the speed of "
+                        "a process varies between processes on small VMs (median reported)")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--dtype", default="float32", help="engine dtype (fp32 pays off on CPUs)")
     p.add_argument("--seed", type=int, default=0)
@@ -46,6 +50,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cross-check", action="store_true",
                    help="serve mode: also run vllm bench serve on the same server and prompts")
     p.add_argument("--out", type=Path, default=Path("bench-results"))
+    p.add_argument("--log-dir", type=Path, help="engine and server logs (default: OUT/logs)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
     return p.parse_args(argv)
@@ -81,13 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     sweep = Sweep(mode=args.mode, checkpoints=args.checkpoints or [DEFAULT_CHECKPOINT],
                   impls=args.impl, ks=args.ks, concurrencies=args.concurrency,
                   prompts=args.prompts, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
-                  warmup=args.warmup, repeats=args.repeats, max_model_len=args.max_model_len,
+                  warmup=args.warmup, repeats=args.repeats, processes=args.processes,
+                  max_model_len=args.max_model_len,
                   dtype=args.dtype, seed=args.seed, cache_dir=args.cache_dir,
                   base_url=args.base_url, cross_check=args.cross_check, timeout=args.timeout)
     if sweep.base_url and sweep.mode != "serve":
         raise SystemExit("--base-url needs serve mode")
-    out = args.out
-    (out / "logs").mkdir(parents=True, exist_ok=True)
+    out, logs = args.out, args.log_dir or args.out / "logs"
+    out.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
     env = environment()
     prompts = load_prompts(sweep.prompts, sweep.num_prompts)
     checkpoints = {spec: resolve(spec, sweep.cache_dir, sweep.seed, log=tqdm.write)
@@ -97,14 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     if sweep.mode == "offline":
         from .offline_mode import run_offline
 
-        with tqdm(total=len(configs), unit="config", dynamic_ncols=True) as bar:
-            for config in configs:
-                bar.set_postfix_str(config.label())
-                ckpt = checkpoints[config.checkpoint]
-                log_path = out / "logs" / (f"offline-{ckpt.label}-{config.impl}-k{config.k}"
-                                           f"-c{config.concurrency}.log")
-                rows.append(run_offline(sweep, ckpt, config, prompts, log_path))
-                bar.update(1)
+        with tqdm(total=len(configs) * sweep.processes, unit="process",
+                  dynamic_ncols=True) as bar:
+            rows = run_offline(sweep, checkpoints, prompts, logs, on_start=bar.set_postfix_str,
+                               on_done=lambda: bar.update(1))
     else:
         from .serve_mode import run_server_group
 
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         with tqdm(total=total, unit="req", dynamic_ncols=True) as bar:
             for (spec, _, _), group in groups.items():
                 bar.set_postfix_str(f"{group[0].checkpoint} {group[0].impl} k={group[0].k}")
-                rows += run_server_group(sweep, checkpoints[spec], group, prompts, out / "logs",
+                rows += run_server_group(sweep, checkpoints[spec], group, prompts, logs,
                                          tqdm.write, on_done=lambda: bar.update(1))
     analysis.add_derived(rows)
     report.write_json(out / "results.json", sweep.settings(), rows, env)

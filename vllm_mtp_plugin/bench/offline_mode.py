@@ -1,12 +1,16 @@
-"""Offline mode: each configuration runs in its own process through ``offline.run_config``.
+"""Offline mode: each configuration runs in fresh processes through ``offline.run_config``.
 
-One process per configuration is what lets ``VLLM_PLUGINS=""`` select vLLM's in-tree class (plugins
-load once per process) and keeps one engine's warm caches from favouring the next. The child times
-every engine step (``steptimer``), which the ideal bound needs.
+One process per run is what lets ``VLLM_PLUGINS=""`` select vLLM's in-tree class (plugins load once
+per process). Several processes per configuration, interleaved round by round, because on a small
+VM the speed of an engine process is a lottery: the same configuration ran at 25 or 37 tokens/s
+in different processes, steady within each (where the weights land in memory, presumably). The
+row reports the median over processes of each process's median, and every run with its process
+index. The child times every engine step (``steptimer``), which the ideal bound needs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from ..offline import OfflineConfig, run_config
@@ -26,32 +30,64 @@ def offline_config(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list
     )
 
 
-def run_offline(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list[str],
+def run_process(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list[str],
                 log_path: Path) -> dict:
-    """Measure one configuration; return its result row (see ``analysis.finish_row``)."""
+    """One engine process for ``config``: its report plus the interference during it."""
     with Meter() as meter:
         result = run_config(offline_config(sweep, ckpt, config, prompts), timeout=sweep.timeout,
                             log_path=str(log_path))
+    result["interference"] = meter.result()
+    result["log"] = str(log_path)
+    return result
+
+
+def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list[str],
+             results: list[dict]) -> dict:
+    """The result row of a configuration from the reports of its processes."""
     runs = []
-    for run in result["runs"]:
-        requests = run.get("requests") or []
-        runs.append({
-            "seconds": run["seconds"],
-            "output_tokens": run["output_tokens"],
-            "output_tok_s": run["output_tokens"] / run["seconds"],
-            "spec_decode": run["spec_decode"] if config.k else None,
-            "ttft_ms": latency_summary(r["ttft"] for r in requests),
-            "tpot_ms": latency_summary(r["tpot"] for r in requests),
-            "steps": run.get("steps"),
-        })
-    drafter = result.get("drafter") or {}
+    for process, result in enumerate(results):
+        for run in result["runs"]:
+            requests = run.get("requests") or []
+            runs.append({
+                "process": process,
+                "seconds": run["seconds"],
+                "output_tokens": run["output_tokens"],
+                "output_tok_s": run["output_tokens"] / run["seconds"],
+                "spec_decode": run["spec_decode"] if config.k else None,
+                "ttft_ms": latency_summary(r["ttft"] for r in requests),
+                "tpot_ms": latency_summary(r["tpot"] for r in requests),
+                "steps": run.get("steps"),
+            })
+    drafter = results[0].get("drafter") or {}
+    other = [r["interference"]["other_cpu_s"] for r in results]
     row = {
         "mode": "offline", "checkpoint": ckpt.label, "checkpoint_path": str(ckpt.path),
         "parameters": ckpt.parameters, "impl": config.impl, "k": config.k,
         "concurrency": config.concurrency, "num_prompts": len(prompts),
-        "max_tokens": sweep.max_tokens, "repeats": sweep.repeats,
-        "init_seconds": result.get("init_seconds"),
+        "max_tokens": sweep.max_tokens, "repeats": sweep.repeats, "processes": len(results),
+        "init_seconds": [r.get("init_seconds") for r in results],
         "drafter_class": drafter.get("class"), "draft_bytes": drafter.get("allocated_bytes"),
-        "log": str(log_path), "interference": meter.result(),
+        "logs": [r["log"] for r in results],
+        "interference": {
+            "other_cpu_s": None if None in other else sum(other),
+            "wall_s": sum(r["interference"]["wall_s"] for r in results),
+        },
     }
     return finish_row(row, runs)
+
+
+def run_offline(sweep: Sweep, checkpoints: dict[str, Checkpoint], prompts: list[str],
+                log_dir: Path, on_start: Callable[[str], None] = lambda label: None,
+                on_done: Callable[[], None] = lambda: None) -> list[dict]:
+    """Every configuration, ``sweep.processes`` rounds; one row per configuration."""
+    configs = sweep.configs()
+    results: dict[Config, list[dict]] = {c: [] for c in configs}
+    for round_ in range(sweep.processes):
+        for config in configs:
+            on_start(f"{config.label()} process {round_ + 1}/{sweep.processes}")
+            ckpt = checkpoints[config.checkpoint]
+            log_path = log_dir / (f"offline-{ckpt.label}-{config.impl}-k{config.k}"
+                                  f"-c{config.concurrency}-p{round_}.log")
+            results[config].append(run_process(sweep, ckpt, config, prompts, log_path))
+            on_done()
+    return [make_row(sweep, checkpoints[c.checkpoint], c, prompts, results[c]) for c in configs]

@@ -25,13 +25,22 @@ def _latency(d: dict | None) -> str:
     return " / ".join(f"{d[q]:.0f}" if d[q] >= 10 else f"{d[q]:.1f}" for q in ("mean", "p50", "p99"))
 
 
+def _tok_s(r: dict) -> str:
+    """Median tokens/s, with the range over engine processes when there were several."""
+    per_process = [v for v in r.get("output_tok_s_processes") or [] if v is not None]
+    text = _num(r.get("output_tok_s"), "{:.1f}")
+    if len(per_process) > 1:
+        text += f" ({min(per_process):.1f}–{max(per_process):.1f})"
+    return text
+
+
 def table_rows(rows: list[dict]) -> list[list[str]]:
     out = []
     for r in rows:
         per_pos = r.get("per_position_acceptance") or []
         out.append([
             r["checkpoint"], r["impl"], str(r["k"]), str(r["concurrency"]),
-            _num(r.get("output_tok_s"), "{:.1f}"), _num(r.get("speedup"), "{:.2f}×"),
+            _tok_s(r), _num(r.get("speedup"), "{:.2f}×"),
             _num(r.get("ideal_speedup"), "{:.2f}×"), _num(r.get("measured_over_ideal")),
             _num(r.get("vs_in_tree")), _num(r.get("acceptance_rate"), "{:.1%}"),
             _num(r.get("mean_acceptance_length")),

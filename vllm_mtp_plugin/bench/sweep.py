@@ -39,7 +39,8 @@ class Sweep:
     num_prompts: int = 4
     max_tokens: int = 64
     warmup: int = 1
-    repeats: int = 3
+    repeats: int = 2
+    processes: int = 1
     max_model_len: int = 1024
     dtype: str = "float32"
     seed: int = 0
@@ -53,8 +54,8 @@ class Sweep:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {MODES}")
         if any(k < 0 for k in self.ks) or any(c < 1 for c in self.concurrencies):
             raise ValueError("k must be >= 0 and concurrency >= 1")
-        if self.repeats < 1:
-            raise ValueError("repeats must be >= 1")
+        if self.repeats < 1 or self.processes < 1:
+            raise ValueError("repeats and processes must be >= 1")
 
     def configs(self) -> list[Config]:
         """Every configuration, grouped so that one serve-mode server covers all concurrencies."""
