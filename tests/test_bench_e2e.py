@@ -41,7 +41,10 @@ def test_oracle_checkpoint_accepts_everything(offline):
     _, data = offline
     for row in data["results"]:
         if row["k"] == 0:
-            assert row["acceptance_rate"] is None and row["speedup"] == 1.0
+            assert row["acceptance_rate"] is None
+            assert row["speedup"] == pytest.approx(row["output_tok_s"]
+                                                   / row["baseline"]["output_tok_s"])
+            assert row["baseline"]["processes"] == 2  # plugin and in-tree k=0 pooled
             continue
         assert row["acceptance_rate"] == 1.0
         assert row["mean_acceptance_length"] == 3.0
@@ -49,6 +52,17 @@ def test_oracle_checkpoint_accepts_everything(offline):
         assert row["steps"]["decode_steps"] > 0 and row["steps"]["draft_ms"] > 0
         assert row["draft_cost_ratio"] > 0 and row["ideal_speedup"] > 0
         assert row["measured_over_ideal"] == pytest.approx(row["speedup"] / row["ideal_speedup"])
+
+
+def test_report_mode_recomputes_from_the_json(offline, tmp_path, capsys):
+    out, data = offline
+    assert main(["report", "--results", str(out / "results.json"), "--out", str(tmp_path),
+                 "--no-plots"]) == 0
+    again = json.loads((tmp_path / "results.json").read_text())["results"]
+    for before, after in zip(data["results"], again):
+        for field in ("output_tok_s", "speedup", "acceptance_rate", "ideal_speedup", "steps"):
+            assert after[field] == before[field]
+    assert "| tiny-oracle | plugin | 2 |" in capsys.readouterr().out
 
 
 def test_draft_memory_ours_vs_in_tree(offline):

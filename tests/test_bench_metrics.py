@@ -123,6 +123,23 @@ def test_speedup_ideal_bound_and_in_tree_ratio():
     assert analysis.ideal_speedup(1.0, 3, 0.0) == 1.0  # nothing accepted, free drafts: no gain
 
 
+def test_k0_baseline_is_pooled_over_implementations():
+    # k = 0 runs no drafter: both implementations' processes form one baseline.
+    plugin0 = {**_row("plugin", 0, 33.0), "output_tok_s_processes": [32.0, 33.0, 34.0],
+               "steps_processes": [{"step_ms": 30.0}, {"step_ms": 29.0}, {"step_ms": 31.0}]}
+    tree0 = {**_row("in-tree", 0, 26.0), "output_tok_s_processes": [26.0, 26.0, 36.0],
+             "steps_processes": [{"step_ms": 38.0}, {"step_ms": 38.0}, {"step_ms": 27.0}]}
+    spec = _row("plugin", 3, 45.0, 3.0, {"draft_ms": 18.0, "target_ms": 50.0})
+    rows = analysis.add_derived([plugin0, tree0, spec])
+    base = rows[2]["baseline"]
+    assert base == {"output_tok_s": 32.5, "step_ms": 30.5, "processes": 6,
+                    "impls": ["plugin", "in-tree"]}
+    assert rows[0]["speedup"] == pytest.approx(33 / 32.5)  # off 1.0 by the noise only
+    assert rows[1]["speedup"] == pytest.approx(26 / 32.5)
+    assert rows[2]["speedup"] == pytest.approx(45 / 32.5)
+    assert rows[2]["draft_cost_ratio"] == pytest.approx(18 / (3 * 30.5))
+
+
 def test_speedup_needs_a_baseline():
     (row,) = analysis.add_derived([_row("plugin", 3, 12.0, 3.0, {"draft_ms": 5.0})])
     assert row["speedup"] is None and row["ideal_speedup"] is None
@@ -201,3 +218,14 @@ def test_interference_meter_reads_proc():
         sum(range(10_000))
     result = meter.result()
     assert result["wall_s"] > 0 and result["other_cpu_s"] >= 0
+
+
+def test_cross_check_fails_only_where_runs_must_match():
+    from vllm_mtp_plugin.bench import report
+
+    differ = {"agree": False, "fields": {}, "per_position_acceptance": ([], [])}
+    row = {"checkpoint": "c", "impl": "plugin", "k": 3}
+    assert not report.cross_check_failed([{**row, "concurrency": 4, "cross_check": differ}])
+    assert report.cross_check_failed([{**row, "concurrency": 1, "cross_check": differ}])
+    assert "differ slightly" in report.cross_check_text([{**row, "concurrency": 4,
+                                                          "cross_check": differ}])

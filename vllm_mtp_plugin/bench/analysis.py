@@ -72,15 +72,40 @@ def _key(row: dict, *fields: str) -> tuple:
     return tuple(row.get(f) for f in fields)
 
 
+BASELINE_KEY = ("mode", "checkpoint", "concurrency")
+
+
+def baselines(rows: list[dict]) -> dict[tuple, dict]:
+    """The k = 0 baseline of each (mode, checkpoint, concurrency), pooled over implementations.
+
+    Without speculation no drafter exists, so both implementations run the same engine code;
+    pooling their processes halves the process-to-process noise of the denominator every
+    speed-up shares. Tokens/s and step time are medians over the pooled per-process medians.
+    """
+    pooled: dict[tuple, dict] = {}
+    for row in rows:
+        if row.get("k") != 0:
+            continue
+        base = pooled.setdefault(_key(row, *BASELINE_KEY),
+                                 {"tok_s": [], "step_ms": [], "impls": []})
+        base["impls"].append(row.get("impl"))
+        base["tok_s"] += row.get("output_tok_s_processes") or [row.get("output_tok_s")]
+        steps = row.get("steps_processes") or [row.get("steps") or {}]
+        base["step_ms"] += [s.get("step_ms") for s in steps]
+    return {key: {"output_tok_s": median(b["tok_s"]), "step_ms": median(b["step_ms"]),
+                  "processes": len(b["tok_s"]), "impls": b["impls"]}
+            for key, b in pooled.items()}
+
+
 def add_derived(rows: list[dict]) -> list[dict]:
-    """Fill speed-up vs k = 0 (same mode, checkpoint, implementation and concurrency), the ideal
-    bound and measured/ideal where step timings exist, and tokens/s relative to in-tree."""
-    group = ("mode", "checkpoint", "impl", "concurrency")
-    baselines = {_key(r, *group): r for r in rows if r.get("k") == 0}
+    """Fill speed-up against the pooled k = 0 baseline, the ideal bound and measured/ideal where
+    step timings exist, and tokens/s relative to in-tree at the same k."""
+    bases = baselines(rows)
     in_tree = {_key(r, "mode", "checkpoint", "k", "concurrency"): r
                for r in rows if r.get("impl") == "in-tree"}
     for row in rows:
-        base = baselines.get(_key(row, *group))
+        base = bases.get(_key(row, *BASELINE_KEY))
+        row["baseline"] = base
         row["speedup"] = (row["output_tok_s"] / base["output_tok_s"]
                           if base and base.get("output_tok_s") and row.get("output_tok_s")
                           else None)
@@ -92,7 +117,7 @@ def add_derived(rows: list[dict]) -> list[dict]:
                      "measured_over_ideal"):
             row[name] = None
         k, tau = row.get("k"), row.get("mean_acceptance_length")
-        t0 = (base or {}).get("steps", {}).get("step_ms")
+        t0 = (base or {}).get("step_ms")
         steps = row.get("steps") or {}
         if k == 0 and row["speedup"] is not None:
             row["ideal_speedup"], row["measured_over_ideal"] = 1.0, row["speedup"]
@@ -123,6 +148,7 @@ def finish_row(row: dict, runs: list[dict]) -> dict:
     row["ttft_ms"] = median_of([r.get("ttft_ms") for r in runs])
     row["tpot_ms"] = median_of([r.get("tpot_ms") for r in runs])
     if any(r.get("steps") for r in runs):
-        row["steps"] = median_of([median_of([r.get("steps") for r in rs])
-                                  for rs in processes.values()])
+        row["steps_processes"] = [median_of([r.get("steps") for r in rs])
+                                  for rs in processes.values()]
+        row["steps"] = median_of(row["steps_processes"])
     return row

@@ -22,7 +22,9 @@ from .sweep import DEFAULT_CHECKPOINT, MODES, Sweep
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vllm-mtp bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=MODES)
+    p.add_argument("mode", choices=(*MODES, "report"),
+                   help="report: recompute table and plots from --results of an earlier run")
+    p.add_argument("--results", type=Path, help="report mode: a results.json to re-analyse")
     p.add_argument("--checkpoint", "-m", action="append", dest="checkpoints",
                    help="a checkpoint directory or PRESET[:MODE[:ACCEPTANCE]] of tiny.py, e.g. "
                         f"{DEFAULT_CHECKPOINT} (repeatable; default {DEFAULT_CHECKPOINT})")
@@ -79,8 +81,40 @@ def environment() -> dict:
     }
 
 
+def write_outputs(out: Path, settings: dict, rows: list[dict], env: dict, plots: bool) -> None:
+    """Derived figures, then results.json, table.md and the plots; the table also on stdout."""
+    analysis.add_derived(rows)
+    report.write_json(out / "results.json", settings, rows, env)
+    table = report.markdown_table(rows)
+    (out / "table.md").write_text(table + "\n")
+    print(table)
+    for text in (report.interference_text(rows, env.get("cpus") or 1),
+                 report.cross_check_text(rows)):
+        if text:
+            print("\n" + text)
+    for path in report.plot_all(rows, out) if plots else []:
+        print(f"plot: {path}")
+    print(f"results: {out / 'results.json'}")
+
+
+def rerun_report(args: argparse.Namespace) -> int:
+    """Re-aggregate the runs stored in a results.json (e.g. after a change of analysis)."""
+    import json
+
+    if args.results is None:
+        raise SystemExit("report mode needs --results RESULTS.json")
+    data = json.loads(args.results.read_text())
+    rows = [analysis.finish_row(row, row["runs"]) for row in data["results"]]
+    out = args.out if args.out != Path("bench-results") else args.results.parent
+    out.mkdir(parents=True, exist_ok=True)
+    write_outputs(out, data["settings"], rows, data["environment"], plots=not args.no_plots)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.mode == "report":
+        return rerun_report(args)
     from tqdm import tqdm
 
     sweep = Sweep(mode=args.mode, checkpoints=args.checkpoints or [DEFAULT_CHECKPOINT],
@@ -122,17 +156,5 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_postfix_str(f"{group[0].checkpoint} {group[0].impl} k={group[0].k}")
                 rows += run_server_group(sweep, checkpoints[spec], group, prompts, logs,
                                          tqdm.write, on_done=lambda: bar.update(1))
-    analysis.add_derived(rows)
-    report.write_json(out / "results.json", sweep.settings(), rows, env)
-    table = report.markdown_table(rows)
-    (out / "table.md").write_text(table + "\n")
-    print(table)
-    for text in (report.interference_text(rows, os.cpu_count() or 1),
-                 report.cross_check_text(rows)):
-        if text:
-            print("\n" + text)
-    if not args.no_plots:
-        for path in report.plot_all(rows, out):
-            print(f"plot: {path}")
-    print(f"results: {out / 'results.json'}")
-    return 0 if all(not r.get("cross_check") or r["cross_check"]["agree"] for r in rows) else 1
+    write_outputs(out, sweep.settings(), rows, env, plots=not args.no_plots)
+    return 1 if report.cross_check_failed(rows) else 0
