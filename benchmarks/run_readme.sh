@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Reproduce the figures in benchmarks/README.md: run_readme.sh [offline] [sizes] [serve]
+# (16, 11 and 6 minutes on 2 cores; all three without arguments). Run it on a quiet machine:
+# every result row records the CPU time other processes used meanwhile.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results}
+LOGS=${LOGS:-/tmp/vllm-mtp-bench-logs}
+BENCH="python benchmarks/bench.py"
+
+offline() {  # plugin vs vLLM's in-tree class, k = 0..3, benchmark preset, drafter right 80 %
+    $BENCH offline -m bench:noisy:0.8 -k 0 1 2 3 --impl plugin in-tree \
+        --num-prompts 4 --max-tokens 64 --repeats 1 --processes 5 \
+        --out "$OUT/offline" --log-dir "$LOGS/offline"
+}
+
+sizes() {  # where MTP pays off: model size, oracle drafter (every draft accepted)
+    $BENCH offline -m tiny:oracle -m small:oracle -m bench:oracle -m large:oracle -k 0 3 \
+        --impl plugin --num-prompts 4 --max-tokens 64 --repeats 2 --processes 3 \
+        --out "$OUT/sizes" --log-dir "$LOGS/sizes"
+}
+
+serve() {  # OpenAI API at concurrency 1 and 4, cross-checked with vllm bench serve
+    $BENCH serve -m bench:noisy:0.8 -k 0 3 --impl plugin in-tree --concurrency 1 4 \
+        --num-prompts 4 --max-tokens 64 --repeats 2 --cross-check \
+        --out "$OUT/serve" --log-dir "$LOGS/serve"
+}
+
+for part in "${@:-offline sizes serve}"; do
+    for p in $part; do "$p"; done
+done
