@@ -9,13 +9,6 @@ from __future__ import annotations
 import functools
 
 
-def current_device_type() -> str:
-    """``cuda``, ``cpu``, ``npu``, ... as vLLM's current platform names it."""
-    from vllm.platforms import current_platform
-
-    return current_platform.device_type
-
-
 @functools.cache
 def fused_moe_expert_params() -> dict[str, str]:
     """Fused-MoE parameter prefixes by checkpoint projection, as this vLLM names them.

@@ -70,8 +70,3 @@ def write_tokenizer(out_dir: Path, vocab_size: int) -> None:
         "chat_template": CHAT_TEMPLATE,
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
-
-
-def special_token_ids() -> dict[str, int]:
-    """Ids of the special tokens: the trainer puts them first, in this order."""
-    return {token: index for index, token in enumerate(SPECIAL_TOKENS)}
