@@ -9,8 +9,8 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from vllm_mtp_plugin.tiny import build_checkpoint  # noqa: E402
-from vllm_mtp_plugin.tiny_tokenizer import bundled_prompt_texts  # noqa: E402
+from vllm_mtp_plugin.tools.tiny.v3 import build_checkpoint  # noqa: E402
+from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
-from vllm_mtp_plugin.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 
 
 def derive(source, target, edit):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from vllm_mtp_plugin.bench.cli import main
+from vllm_mtp_plugin.tools.bench.cli import main
 
 ROW_FIELDS = ("checkpoint", "impl", "k", "concurrency", "output_tok_s", "speedup",
               "acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "ttft_ms",

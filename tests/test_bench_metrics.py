@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_mtp_plugin import metrics
-from vllm_mtp_plugin.bench import analysis, crosscheck, steptimer
+from vllm_mtp_plugin.tools import metrics
+from vllm_mtp_plugin.tools.bench import analysis, crosscheck, steptimer
 
 # Lines as a vLLM 0.32 server exposes them (captured from a tiny checkpoint, k = 2).
 PAGE = """\
@@ -209,7 +209,7 @@ def test_cross_check_parsing_and_comparison():
 def test_interference_meter_reads_proc():
     import os
 
-    from vllm_mtp_plugin.bench import interference
+    from vllm_mtp_plugin.tools.bench import interference
 
     parent, _ = interference._stat(os.getpid())
     assert parent == os.getppid()
@@ -221,7 +221,7 @@ def test_interference_meter_reads_proc():
 
 
 def test_cross_check_fails_only_where_runs_must_match():
-    from vllm_mtp_plugin.bench import report
+    from vllm_mtp_plugin.tools.bench import report
 
     differ = {"agree": False, "fields": {}, "per_position_acceptance": ([], [])}
     row = {"checkpoint": "c", "impl": "plugin", "k": 3}

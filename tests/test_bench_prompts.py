@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from vllm_mtp_plugin.bench import checkpoints
-from vllm_mtp_plugin.bench.prompts import load_prompts, write_sharegpt
-from vllm_mtp_plugin.tiny_tokenizer import bundled_prompt_texts
+from vllm_mtp_plugin.tools.bench import checkpoints
+from vllm_mtp_plugin.tools.bench.prompts import load_prompts, write_sharegpt
+from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts
 
 
 def test_bundled_prompts():

@@ -8,7 +8,7 @@ import functools
 
 import pytest
 
-from vllm_mtp_plugin.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 
 OURS = "vllm_mtp_plugin.models.v3:DeepSeekMTP"
 IN_TREE = "vllm.model_executor.models.deepseek_mtp:DeepSeekMTP"

@@ -4,7 +4,7 @@ import shutil
 
 from safetensors.torch import load_file, save_file
 
-from vllm_mtp_plugin.inspect_checkpoint import inspect, main
+from vllm_mtp_plugin.tools.inspect import inspect, main
 
 
 def rewrite(source, target, keep):

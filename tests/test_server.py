@@ -9,8 +9,8 @@ import sys
 import pytest
 from openai import OpenAI
 
-from vllm_mtp_plugin import metrics
-from vllm_mtp_plugin.server import Server
+from vllm_mtp_plugin.tools import metrics
+from vllm_mtp_plugin.tools.server import Server
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_metrics_page_names_the_counters(server):
 
 def test_demo_runs_end_to_end(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.cli", "demo", "--requests", "2",
+    out = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.tools.cli", "demo", "--requests", "2",
                           "--max-tokens", "16", "-k", "2"], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from v4_support.harness import tiny_v4_checkpoint
 
-from vllm_mtp_plugin.offline import OfflineConfig, run_config
-from vllm_mtp_plugin.platform import cpu_flags, deepseek_v4_cpu_blockers, platform_family
+from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.platform import platform_family
+from vllm_mtp_plugin.tools.cpu_features import cpu_flags, deepseek_v4_cpu_blockers
 
 OURS = "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
 MAX_TOKENS = 16

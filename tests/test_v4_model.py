@@ -17,7 +17,7 @@ from v4_support.harness import (
     tiny_v4_checkpoint,
 )
 
-from vllm_mtp_plugin.weights import CheckpointError
+from vllm_mtp_plugin.weights.rules import CheckpointError
 
 L = 2  # the tiny target has 2 layers: mtp.0 is layer 2
 

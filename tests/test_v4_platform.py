@@ -15,6 +15,7 @@ import pytest
 from v4_support.harness import tiny_v4_checkpoint
 
 from vllm_mtp_plugin import platform as plat
+from vllm_mtp_plugin.tools import cpu_features
 
 SUPPORT = Path(__file__).parent / "v4_support"
 REPO = Path(__file__).parent.parent
@@ -85,13 +86,13 @@ def test_cpu_feature_probe_names_each_missing_flag(tmp_path, monkeypatch):
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_tile\n")
-    assert {"avx512f", "avx512_bf16", "amx_tile"} <= plat.cpu_flags(str(cpuinfo))
+    assert {"avx512f", "avx512_bf16", "amx_tile"} <= cpu_features.cpu_flags(str(cpuinfo))
     monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)
-    assert plat.deepseek_v4_cpu_blockers(str(cpuinfo)) == [
+    assert cpu_features.deepseek_v4_cpu_blockers(str(cpuinfo)) == [
         f"CPU flag amx_bf16 missing from {cpuinfo}"]
     cpuinfo.write_text("flags\t\t: avx512_bf16 amx_bf16 amx_tile\n")
-    assert plat.deepseek_v4_cpu_blockers(str(cpuinfo)) == []
+    assert cpu_features.deepseek_v4_cpu_blockers(str(cpuinfo)) == []
     monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", False)
-    assert plat.deepseek_v4_cpu_blockers(str(cpuinfo)) == [
+    assert cpu_features.deepseek_v4_cpu_blockers(str(cpuinfo)) == [
         "Triton with a CPU backend (triton-cpu) is not installed"]
-    assert plat.cpu_flags(str(tmp_path / "absent")) == frozenset()
+    assert cpu_features.cpu_flags(str(tmp_path / "absent")) == frozenset()

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_mtp_plugin.tiny_v4 import TinyV4Spec, build_tensors, encode
-from vllm_mtp_plugin.weights_v4 import attn_sink_for_rank, dspark_hint, raw_bytes, v4_weight_map
+from vllm_mtp_plugin.tools.tiny.v4 import TinyV4Spec, build_tensors, encode
+from vllm_mtp_plugin.weights.v4 import attn_sink_for_rank, dspark_hint, raw_bytes, v4_weight_map
 
 DATA = Path(__file__).parent / "data"
 CONFIG = json.loads((DATA / "deepseek_v4_config.json").read_text())

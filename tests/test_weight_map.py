@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_mtp_plugin.weights import CheckpointError, load_mtp_weights, v3_weight_map
+from vllm_mtp_plugin.weights.rules import CheckpointError, load_mtp_weights
+from vllm_mtp_plugin.weights.v3 import v3_weight_map
 
 DATA = Path(__file__).parent / "data"
 # vLLM 0.32 names; the engine tests check the live names through platform.fused_moe_expert_params.

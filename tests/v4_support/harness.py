@@ -14,7 +14,7 @@ Two environment facts of the CPU worker are reproduced here, each where it appli
   probe answering yes during construction, the FP8 parameters (``float8_e4m3fn`` weights, UE8M0
   ``weight_scale_inv``) are created exactly as on an AMX CPU; tests that use it only load weights
   and never run an FP8 matmul or ``process_weights_after_loading`` (which would pack for AMX).
-  It can go when this machine has AMX (see ``platform.deepseek_v4_cpu_blockers``).
+  It can go when this machine has AMX (see ``tools.cpu_features.deepseek_v4_cpu_blockers``).
 """
 
 import atexit
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from vllm_mtp_plugin.tiny_v4 import build_checkpoint
+from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint
 
 _ROOT = None
 

@@ -18,11 +18,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 from vllm.config import VllmConfig
+from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.models.utils import maybe_prefix
 from vllm.sequence import IntermediateTensors
 
-from ..weights import WeightMap, load_mtp_weights
+from ..weights.rules import WeightMap, load_mtp_weights
 
 
 def draft_hf_config(vllm_config: VllmConfig):
@@ -34,6 +35,17 @@ def draft_hf_config(vllm_config: VllmConfig):
             "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'."
         )
     return spec.draft_model_config.hf_config
+
+
+class SharedHeadNorm(nn.Module):
+    """``shared_head.norm`` of the checkpoint. The head itself is the target's ``lm_head``."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.norm = RMSNorm(hidden_size, eps=eps)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.norm(hidden_states)
 
 
 class MTPLayerStack(nn.Module):

@@ -21,19 +21,9 @@ from vllm.model_executor.models.deepseek_v2 import (
 )
 
 from ..platform import fused_moe_expert_params
-from ..weights import WeightMap, v3_weight_map
-from .predictor import DeepSeekMultiTokenPredictor, draft_hf_config
-
-
-class SharedHeadNorm(nn.Module):
-    """``shared_head.norm`` of the checkpoint. The head itself is the target's ``lm_head``."""
-
-    def __init__(self, hidden_size: int, eps: float):
-        super().__init__()
-        self.norm = RMSNorm(hidden_size, eps=eps)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.norm(hidden_states)
+from ..weights.rules import WeightMap
+from ..weights.v3 import v3_weight_map
+from .predictor import DeepSeekMultiTokenPredictor, SharedHeadNorm, draft_hf_config
 
 
 class DeepSeekV3MTPLayer(nn.Module):

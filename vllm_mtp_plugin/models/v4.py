@@ -23,10 +23,9 @@ from vllm.model_executor.layers.mhc import MHCPostOp
 
 from ..ops import hc_head_op
 from ..platform import deepseek_v4_aux_streams, deepseek_v4_block_cls, fused_moe_expert_params
-from ..weights import WeightMap
-from ..weights_v4 import dspark_hint, v4_weight_map
-from .predictor import DeepSeekMultiTokenPredictor, draft_hf_config
-from .v3 import SharedHeadNorm
+from ..weights.rules import WeightMap
+from ..weights.v4 import dspark_hint, v4_weight_map
+from .predictor import DeepSeekMultiTokenPredictor, SharedHeadNorm, draft_hf_config
 
 
 def build_v4_block(vllm_config: VllmConfig, prefix: str) -> nn.Module:

@@ -13,26 +13,16 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .weights import V3_OWN_TENSORS, WeightMap, v3_weight_map
+from ..weights.headers import read_headers
+from ..weights.rules import WeightMap
+from ..weights.v3 import V3_OWN_TENSORS, v3_weight_map
 
 # Tensors each variant needs besides its decoder block, as checkpoint names of MTP layer {layer}.
 REQUIRED_OWN = {"deepseek_v3": tuple(f"model.layers.{{layer}}.{t}.weight" for t in V3_OWN_TENSORS)}
 
 
-def read_headers(model_dir: Path) -> dict[str, dict]:
-    """``name -> {"shape", "dtype", "file"}`` for every tensor of every ``*.safetensors`` file."""
-    tensors = {}
-    for path in sorted(model_dir.glob("*.safetensors")):
-        with open(path, "rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        for name, info in header.items():
-            if name != "__metadata__":
-                tensors[name] = {"shape": info["shape"], "dtype": info["dtype"], "file": path.name}
-    return tensors
-
-
 def weight_map_for(config: dict) -> WeightMap:
-    from .platform import fused_moe_expert_params
+    from ..platform import fused_moe_expert_params
 
     model_type = config.get("model_type")
     if model_type == "deepseek_v3":

@@ -1,4 +1,4 @@
-"""DeepSeek-V4 checkpoint names -> the V4 drafter's parameters, as ``weights.Rule`` data.
+"""DeepSeek-V4 checkpoint names -> the V4 drafter's parameters, as ``weights.rules.Rule`` data.
 
 V4 checkpoints use DeepSeek's own naming: MTP layer ``j`` is ``mtp.{j}.*`` (layer
 ``num_hidden_layers + j`` here), its block is ``attn.*``/``ffn.*``/``hc_attn_*``/``hc_ffn_*`` as in
@@ -24,7 +24,7 @@ A DSpark drafter stored under ``mtp.`` (DeepSeek-V4-Flash-0731) has blocks but n
 
 import torch
 
-from .weights import Rule, WeightMap, expert_rules
+from .rules import Rule, WeightMap, expert_rules
 
 V4_OWN_TENSORS = ("enorm", "hnorm", "e_proj", "h_proj", "hc_head_fn", "hc_head_base",
                   "hc_head_scale")

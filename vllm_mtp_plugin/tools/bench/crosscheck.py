@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .prompts import write_sharegpt
 
-LAUNCHER = ("from vllm_mtp_plugin.platform import patch_cli_version_lookup as p; p(); import sys; "
+LAUNCHER = ("from vllm_mtp_plugin.patches import patch_cli_version_lookup as p; p(); import sys; "
             "sys.argv = ['vllm', 'bench', 'serve', *sys.argv[1:]]; "
             "from vllm.entrypoints.cli.main import main; main()")
 

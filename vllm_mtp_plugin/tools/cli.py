@@ -15,7 +15,7 @@ import sys
 
 
 def serve(argv: list[str]) -> int:
-    from .platform import patch_cli_version_lookup
+    from ..patches import patch_cli_version_lookup
 
     patch_cli_version_lookup()
     from vllm.entrypoints.cli.main import main as vllm_main
@@ -26,7 +26,7 @@ def serve(argv: list[str]) -> int:
 
 
 def build_tiny(argv: list[str]) -> int:
-    from .tiny import MODES, PRESETS, build_checkpoint
+    from .tiny.v3 import MODES, PRESETS, build_checkpoint
 
     parser = argparse.ArgumentParser(prog="vllm-mtp build-tiny", description=build_tiny.__doc__)
     parser.add_argument("out_dir")
@@ -51,10 +51,10 @@ build_tiny.__doc__ = "Write a tiny DeepSeek-V3 checkpoint with MTP layers."
 COMMANDS = {
     "serve": serve,
     "build-tiny": build_tiny,
-    "demo": lambda argv: __import__("vllm_mtp_plugin.demo", fromlist=["main"]).main(argv),
-    "inspect": lambda argv: __import__("vllm_mtp_plugin.inspect_checkpoint",
+    "demo": lambda argv: __import__("vllm_mtp_plugin.tools.demo", fromlist=["main"]).main(argv),
+    "inspect": lambda argv: __import__("vllm_mtp_plugin.tools.inspect",
                                        fromlist=["main"]).main(argv),
-    "bench": lambda argv: __import__("vllm_mtp_plugin.bench.cli", fromlist=["main"]).main(argv),
+    "bench": lambda argv: __import__("vllm_mtp_plugin.tools.bench.cli", fromlist=["main"]).main(argv),
 }
 
 

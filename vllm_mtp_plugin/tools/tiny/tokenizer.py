@@ -27,7 +27,7 @@ CHAT_TEMPLATE = (
 
 def bundled_prompt_texts() -> list[str]:
     """The prompts shipped in ``data/prompts.jsonl`` (also the tokenizer's training text)."""
-    path = resources.files("vllm_mtp_plugin").joinpath("data/prompts.jsonl")
+    path = resources.files("vllm_mtp_plugin.tools").joinpath("data/prompts.jsonl")
     return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
 
 

@@ -26,7 +26,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="report: recompute table and plots from --results of an earlier run")
     p.add_argument("--results", type=Path, help="report mode: a results.json to re-analyse")
     p.add_argument("--checkpoint", "-m", action="append", dest="checkpoints",
-                   help="a checkpoint directory or PRESET[:MODE[:ACCEPTANCE]] of tiny.py, e.g. "
+                   help="a checkpoint directory or PRESET[:MODE[:ACCEPTANCE]] of tools/tiny/v3.py, e.g. "
                         f"{DEFAULT_CHECKPOINT} (repeatable; default {DEFAULT_CHECKPOINT})")
     p.add_argument("--impl", nargs="+", default=["plugin", "in-tree"],
                    choices=("plugin", "in-tree"))

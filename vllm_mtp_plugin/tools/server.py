@@ -39,7 +39,7 @@ class Server:
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.log_path = Path(log_path or f"vllm-mtp-serve-{self.port}.log")
-        self.command = [sys.executable, "-m", "vllm_mtp_plugin.cli", "serve", self.model,
+        self.command = [sys.executable, "-m", "vllm_mtp_plugin.tools.cli", "serve", self.model,
                         "--host", "127.0.0.1", "--port", str(self.port), *serve_args]
         self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen | None = None

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .tiny_tokenizer import SPECIAL_TOKENS, write_tokenizer
+from .tokenizer import SPECIAL_TOKENS, write_tokenizer
 
 MODES = ("random", "oracle", "noisy")
 RESIDUAL_SCALE = 0.02  # weight std of the projections that write into the residual stream (oracle)

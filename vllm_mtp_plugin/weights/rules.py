@@ -10,11 +10,11 @@ expected and found shapes, and what to do) instead of a bare ``KeyError``.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 
 import regex as re
+
+from .headers import tensor_file
 
 
 class CheckpointError(ValueError):
@@ -120,12 +120,6 @@ class WeightMap:
         return param_name
 
 
-# ---------------------------------------------------------------------------------------------
-# DeepSeek-V3 / R1, Hugging Face layout: MTP layer j is `model.layers.{num_hidden_layers + j}.*`.
-# ---------------------------------------------------------------------------------------------
-V3_OWN_TENSORS = ("enorm", "hnorm", "eh_proj", "shared_head.norm")
-
-
 def expert_rules(gate: str, up: str, down: str, params: dict[str, str]) -> tuple[Rule, ...]:
     """Routed experts ``experts.{e}.{gate|up|down}.`` -> vLLM's fused-MoE tensors.
 
@@ -139,32 +133,6 @@ def expert_rules(gate: str, up: str, down: str, params: dict[str, str]) -> tuple
     )
 
 
-def v3_weight_map(expert_params: dict[str, str]) -> WeightMap:
-    own = "|".join(re.escape(t) for t in V3_OWN_TENSORS)
-    return WeightMap(
-        name="deepseek_v3 (Hugging Face)",
-        layer_index=r"model\.layers\.(?P<idx>\d+)\.",
-        layer_offset=0,
-        drop=(r"rotary_emb\.inv_freq$",),
-        # The draft reads the target's embedding and head; the checkpoint's copies are not loaded.
-        shared=(r"^model\.layers\.\d+\.(embed_tokens|shared_head\.head)\.",),
-        to_checkpoint=((r"\.mtp_block\.", "."),),
-        prefix_rules=(
-            Rule(rf"^model\.layers\.(\d+)\.(?=({own})\.)", r"model.layers.\1."),
-            Rule(r"^model\.layers\.(\d+)\.", r"model.layers.\1.mtp_block."),
-        ),
-        rules=(
-            *expert_rules("gate_proj", "up_proj", "down_proj", expert_params),
-            # Stacked dense projections (shared experts and dense MLPs included).
-            Rule(r"\.gate_proj\.", ".gate_up_proj.", 0),
-            Rule(r"\.up_proj\.", ".gate_up_proj.", 1),
-            # q_a and kv_a are fused when the attention has a q LoRA (`optional`: else kept apart).
-            Rule(r"\.q_a_proj\.", ".fused_qkv_a_proj.", 0, optional=True),
-            Rule(r"\.kv_a_proj_with_mqa\.", ".fused_qkv_a_proj.", 1, optional=True),
-        ),
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------
@@ -172,23 +140,6 @@ def v3_weight_map(expert_params: dict[str, str]) -> WeightMap:
 
 def _shape(t) -> tuple[int, ...]:
     return tuple(t.shape)
-
-
-def tensor_file(model_dir: str | None, name: str) -> str:
-    """Which file of ``model_dir`` holds ``name`` (for error messages); reads only headers."""
-    if not model_dir or not Path(model_dir).is_dir():
-        return str(model_dir or "the checkpoint")
-    index = Path(model_dir) / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        if name in weight_map:
-            return str(Path(model_dir) / weight_map[name])
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with open(path, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            if name in json.loads(f.read(size)):
-                return str(path)
-    return str(model_dir)
 
 
 @dataclasses.dataclass

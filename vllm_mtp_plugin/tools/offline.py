@@ -3,7 +3,7 @@
 Each configuration gets its own process because vLLM loads plugins once per process: the in-tree
 class is selected with ``VLLM_PLUGINS=""`` (vLLM's own switch), ours with the plugin loaded.
 The child reports generated token ids, the spec-decode counters, the drafter's class, the parameter
-bytes each model allocated for loading, and wall-clock timings. ``run_config`` is the API; ``python -m vllm_mtp_plugin.offline`` the child.
+bytes each model allocated for loading, and wall-clock timings. ``run_config`` is the API; ``python -m vllm_mtp_plugin.tools.offline`` the child.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def run_config(config: OfflineConfig, timeout: float = 900.0, log_path: str | No
         log = Path(log_path) if log_path else Path(tmp) / "child.log"
         with open(log, "w") as out:
             proc = subprocess.run(
-                [sys.executable, "-m", "vllm_mtp_plugin.offline", str(request), str(result)],
+                [sys.executable, "-m", "vllm_mtp_plugin.tools.offline", str(request), str(result)],
                 stdout=out, stderr=subprocess.STDOUT, env=child_env(config.impl), timeout=timeout,
             )
         if proc.returncode != 0 or not result.exists():

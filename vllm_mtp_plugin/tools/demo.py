@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import metrics
 from .server import Server, ServerError
-from .tiny_tokenizer import bundled_prompt_texts
+from .tiny.tokenizer import bundled_prompt_texts
 
 
 def cache_dir() -> Path:
@@ -29,7 +29,7 @@ def cache_dir() -> Path:
 
 def tiny_checkpoint(mode: str, acceptance: float, seed: int) -> Path:
     """Build once per (mode, acceptance, seed); later runs reuse the files."""
-    from .tiny import build_checkpoint
+    from .tiny.v3 import build_checkpoint
 
     name = f"tiny-{mode}-{acceptance:g}-seed{seed}" if mode == "noisy" else f"tiny-{mode}-seed{seed}"
     path = cache_dir() / name

@@ -11,7 +11,7 @@ writes bf16.
 
 Modes: ``random`` (every tensor random) and ``oracle`` (the target's greedy next token depends only
 on the current one and the MTP layer passes the token embedding through ``e_proj = I``, so a working
-drafter is accepted every time; see ``tiny.py`` for the same idea on V3).
+drafter is accepted every time; see ``v3.py`` for the same idea on V3).
 
 Bad checkpoints for error tests: ``without_mtp=True`` (a target quantized without its ``mtp.*``
 tensors) and ``dspark=True`` (a DSpark drafter stored under ``mtp.``: three blocks, ``main_proj``,
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from .tiny import oracle_embedding_and_head
-from .tiny_tokenizer import write_tokenizer
+from .v3 import oracle_embedding_and_head
+from .tokenizer import write_tokenizer
 
 MODES = ("random", "oracle")
 FP8_BLOCK = 128

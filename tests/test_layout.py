@@ -1,0 +1,68 @@
+"""The package boundary: the plugin part (what vLLM's processes import) never reaches into tools/."""
+
+import ast
+import inspect as pyinspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import vllm_mtp_plugin
+from vllm_mtp_plugin import patches
+
+PACKAGE = Path(vllm_mtp_plugin.__file__).parent
+README = PACKAGE.parent / "README.md"
+
+
+def plugin_modules() -> list[Path]:
+    return [p for p in PACKAGE.rglob("*.py") if "tools" not in p.relative_to(PACKAGE).parts]
+
+
+def test_plugin_part_never_imports_tools():
+    offenders = []
+    for path in plugin_modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")]
+                names += [f"{names[0]}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            if any(re.search(r"(^|\.)tools(\.|$)", name) for name in names):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert plugin_modules() and offenders == []
+
+
+def test_vllm_side_imports_load_no_tooling_module():
+    """What a vLLM process imports (register, both drafters, the weight tables) pulls in no tool."""
+    code = """
+import sys
+import vllm_mtp_plugin
+vllm_mtp_plugin.register()
+import vllm_mtp_plugin.models.v3, vllm_mtp_plugin.models.v4, vllm_mtp_plugin.weights.v3
+import vllm_mtp_plugin.weights.v4, vllm_mtp_plugin.ops, vllm_mtp_plugin.patches
+loaded = sorted(m for m in sys.modules if m.startswith("vllm_mtp_plugin"))
+print(len(loaded), *loaded)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    count, *loaded = out.stdout.split()
+    assert int(count) == len(loaded) and "vllm_mtp_plugin.models.v4" in loaded
+    assert [m for m in loaded if m.startswith("vllm_mtp_plugin.tools")] == []
+
+
+def test_every_patch_is_listed_in_the_readme():
+    readme = README.read_text()
+    patch_functions = [name for name, obj in vars(patches).items()
+                       if pyinspect.isfunction(obj) and obj.__module__ == patches.__name__
+                       and not name.startswith("_")]
+    assert "patch_cli_version_lookup" in patch_functions
+    assert [name for name in patch_functions if f"`{name}`" not in readme] == []
+
+
+def test_one_header_reader_for_loader_and_inspect():
+    from vllm_mtp_plugin.tools import inspect as inspect_tool
+    from vllm_mtp_plugin.weights import headers, rules
+
+    assert inspect_tool.read_headers is headers.read_headers
+    assert rules.tensor_file is headers.tensor_file
