@@ -1,8 +1,12 @@
 """The entry point: lazy, idempotent, logged once, and discoverable by vLLM."""
 
+import inspect
+import logging
 import subprocess
 import sys
 from importlib.metadata import entry_points
+
+import pytest
 
 import vllm_mtp_plugin
 
@@ -42,3 +46,91 @@ def test_architecture_table_points_at_importable_classes():
         module, _, cls = target.partition(":")
         assert module.startswith("vllm_mtp_plugin.models."), arch
         assert cls
+
+
+def test_patched_hf_config_override_pickles_and_runs_in_a_process_without_the_plugin():
+    """vLLM pickles the draft config's ``hf_overrides`` into spawned engine processes."""
+    code = """
+import pickle, sys
+import vllm_mtp_plugin
+vllm_mtp_plugin.register()
+from vllm.config.speculative import SpeculativeConfig
+sys.stdout.buffer.write(pickle.dumps(SpeculativeConfig.hf_config_override))
+"""
+    dumped = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True).stdout
+    load = """
+import pickle, sys
+from transformers import PretrainedConfig
+override = pickle.loads(sys.stdin.buffer.read())
+config = PretrainedConfig(architectures=["DeepseekV3ForCausalLM"], num_nextn_predict_layers=2)
+config.model_type = "deepseek_v3"
+out = override(config)
+print(override.__module__, out.architectures[0], out.n_predict)
+"""
+    out = subprocess.run([sys.executable, "-c", load], input=dumped, capture_output=True,
+                         check=True, env={**__import__("os").environ, "VLLM_PLUGINS": ""})
+    assert out.stdout.decode().split() == ["vllm_mtp_plugin.patches", "DeepSeekMTPModel", "2"]
+
+
+def test_extra_arguments_reach_vllms_function(monkeypatch):
+    """vLLM 0.33 calls ``hf_config_override(hf_config, transformers_mtp_overrides)``, positionally
+    and through ``functools.partial(..., transformers_mtp_overrides=...)``."""
+    import functools
+
+    from transformers import PretrainedConfig
+
+    from vllm_mtp_plugin import patches
+
+    calls = []
+
+    def vllm_033(hf_config, transformers_mtp_overrides=None):
+        calls.append(transformers_mtp_overrides)
+        return hf_config
+
+    monkeypatch.setattr(patches, "_vllm_hf_config_override", vllm_033)
+    config = PretrainedConfig(num_nextn_predict_layers=1)
+    config.model_type = "deepseek_v3"
+    assert patches.hf_config_override(config, {"a": 1}) is config
+    functools.partial(patches.hf_config_override, transformers_mtp_overrides={"b": 2})(config)
+    assert calls == [{"a": 1}, {"b": 2}]
+    config.num_nextn_predict_layers = 0
+    with pytest.raises(ValueError, match="config.json sets num_nextn_predict_layers to 0"):
+        patches.hf_config_override(config, {"a": 1})
+
+
+def test_a_failing_patch_warns_and_leaves_vllm_as_it_was(monkeypatch, caplog):
+    from vllm.config.speculative import SpeculativeConfig
+
+    from vllm_mtp_plugin import patches
+
+    def broken():
+        raise RuntimeError("probe exploded")
+
+    before = inspect.getattr_static(SpeculativeConfig, "hf_config_override")
+    monkeypatch.setattr(patches, "REGISTER_PATCHES", (
+        patches.Patch("broken_probe", broken, lambda: None),
+        patches.Patch("broken_apply", lambda: None, broken),
+    ))
+    with caplog.at_level(logging.WARNING, logger="vllm.vllm_mtp_plugin"):
+        vllm_mtp_plugin.register()
+        outcome = patches.apply_register_patches()
+    assert outcome == {"broken_probe": "failed: RuntimeError: probe exploded",
+                       "broken_apply": "failed: RuntimeError: probe exploded"}
+    assert inspect.getattr_static(SpeculativeConfig, "hf_config_override") is before
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "vllm-mtp-plugin: patch broken_apply left out (RuntimeError: probe exploded); " \
+           "vLLM runs unpatched there." in warned
+
+
+def test_probe_skips_the_check_where_vllm_rejects_zero_layers_itself(monkeypatch):
+    from vllm.config.speculative import SpeculativeConfig
+
+    from vllm_mtp_plugin import patches
+
+    def validating(hf_config):
+        raise ValueError("num_nextn_predict_layers must be positive")
+
+    monkeypatch.setattr(SpeculativeConfig, "hf_config_override", staticmethod(validating))
+    assert patches.apply_register_patches() == {
+        "check_mtp_layers_declared": "not needed: vLLM rejects num_nextn_predict_layers = 0 itself"}
+    assert inspect.getattr_static(SpeculativeConfig, "hf_config_override").__func__ is validating

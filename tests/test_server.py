@@ -18,8 +18,10 @@ def server(checkpoints, tmp_path_factory):
     model = checkpoints("oracle")
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
     log = tmp_path_factory.mktemp("server") / "serve.log"
+    # vLLM's default process mode (the suite's environment turns it off for offline engines).
     with Server(model, ["--speculative-config", spec, "--served-model-name", "tiny",
-                        "--enforce-eager", "--max-model-len", "512"], log_path=log) as srv:
+                        "--enforce-eager", "--max-model-len", "512"], log_path=log,
+                env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) as srv:
         yield srv
     assert srv.process.returncode is not None  # stopped
 
@@ -40,7 +42,16 @@ def test_completions_chat_and_spec_decode_metrics(server):
     assert delta.num_draft_tokens == 2 * delta.num_drafts
     assert delta.num_accepted_tokens == delta.num_draft_tokens
     assert delta.accepted_per_position == (delta.num_drafts, delta.num_drafts)
-    assert server.log_tail(10_000).count("vllm-mtp-plugin 0.1.0 serves DeepSeekMTPModel") >= 1
+
+
+
+def test_server_log_names_the_drafter_where_it_is_built(server):
+    log = server.log_path.read_text(errors="replace")
+    assert "(EngineCore pid=" in log
+    line = next(l for l in log.splitlines() if "vllm-mtp-plugin 0.1.0: " in l)
+    assert ("DeepSeekMTP (V3 MTP layer) serves DeepSeekMTPModel; MTP layer(s) 2 loaded "
+            "(18 parameters); the target's embedding and head are shared: 2.0 MiB not allocated "
+            "(embed_tokens + 1 shared_head.head, 2048 x 256 bfloat16 each, this rank)") in line
 
 
 def test_metrics_page_names_the_counters(server):

@@ -26,11 +26,11 @@ def register() -> None:
     from vllm import ModelRegistry
     from vllm.logger import init_logger
 
-    from .patches import check_mtp_layers_declared
+    from .patches import apply_register_patches
 
     for arch, target in ARCHITECTURES.items():
         ModelRegistry.register_model(arch, target)
-    check_mtp_layers_declared()
+    apply_register_patches()
     if not _registered:
         _registered = True
         init_logger("vllm.vllm_mtp_plugin").info("vllm-mtp-plugin %s serves %s", __version__, ", ".join(ARCHITECTURES))

@@ -18,12 +18,15 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 from vllm.config import VllmConfig
+from vllm.logger import init_logger
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.models.utils import maybe_prefix
 from vllm.sequence import IntermediateTensors
 
 from ..weights.rules import WeightMap, load_mtp_weights
+
+logger = init_logger("vllm.vllm_mtp_plugin")
 
 
 def draft_hf_config(vllm_config: VllmConfig):
@@ -99,6 +102,7 @@ class DeepSeekMultiTokenPredictor(nn.Module):
     """
 
     layer_cls: type[nn.Module]
+    variant: str
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
@@ -142,7 +146,7 @@ class DeepSeekMultiTokenPredictor(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         draft = self.vllm_config.speculative_config.draft_model_config
-        return load_mtp_weights(
+        loaded = load_mtp_weights(
             self.weight_map(),
             weights,
             dict(self.named_parameters()),
@@ -150,6 +154,32 @@ class DeepSeekMultiTokenPredictor(nn.Module):
             num_experts=int(getattr(self.config, "n_routed_experts", 0) or 0),
             model_dir=getattr(draft, "model", None),
             checkpoint_hint=self.checkpoint_hint,
+        )
+        if not getattr(self, "_announced", False):
+            self._announced = True
+            logger.info("%s", self.announcement(len(loaded)))
+        return loaded
+
+    def announcement(self, num_loaded: int) -> str:
+        """The line the engine log shows where vLLM built this drafter (``register()`` runs before
+        vLLM configures logging, so only a line from here reaches a real server log)."""
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        from .. import ARCHITECTURES, __version__
+
+        arch = next((a for a, target in ARCHITECTURES.items()
+                     if target == f"{type(self).__module__}:{type(self).__name__}"), "?")
+        layers = list(self.model.layer_indices())
+        dtype = self.vllm_config.model_config.dtype
+        rows = -(-self.config.vocab_size // get_tensor_model_parallel_world_size())
+        matrix = rows * self.config.hidden_size * torch.empty((), dtype=dtype).element_size()
+        saved = matrix * (1 + len(layers))
+        return (
+            f"vllm-mtp-plugin {__version__}: {type(self).__name__} ({self.variant} MTP layer) serves "
+            f"{arch}; MTP layer(s) {', '.join(map(str, layers))} loaded ({num_loaded} parameters); "
+            f"the target's embedding and head are shared: {saved / 2**20:.1f} MiB not allocated "
+            f"(embed_tokens + {len(layers)} shared_head.head, {rows} x {self.config.hidden_size} "
+            f"{str(dtype).removeprefix('torch.')} each, this rank)"
         )
 
     def checkpoint_hint(self, layer: int, report) -> str | None:

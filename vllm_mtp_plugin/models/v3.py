@@ -74,6 +74,7 @@ class DeepSeekMTP(DeepSeekMultiTokenPredictor, DeepseekV2MixtureOfExperts):
     """Registered as ``DeepSeekMTPModel``: vLLM's V1 proposer unpacks a tuple from this name."""
 
     layer_cls = DeepSeekV3MTPLayer
+    variant = "V3"
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)

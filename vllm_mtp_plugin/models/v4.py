@@ -128,6 +128,7 @@ class DeepSeekV4MTP(DeepSeekMultiTokenPredictor):
     """
 
     layer_cls = DeepSeekV4MTPLayer
+    variant = "V4"
 
     def weight_map(self) -> WeightMap:
         return v4_weight_map(

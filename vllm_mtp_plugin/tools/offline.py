@@ -34,14 +34,26 @@ class OfflineConfig:
     llm_kwargs: dict = dataclasses.field(default_factory=dict)
     # Record per-engine-step timings (``bench/steptimer.py``) into each run's ``steps``.
     step_timings: bool = False
+    # vLLM's default process mode (engine core spawned, config pickled, default executor) instead
+    # of the faster in-process engine. Allocated bytes are then measured in another process: None.
+    default_process_mode: bool = False
+    # Merged into the speculative config, e.g. {"method": "draft_model", "model": DIR}.
+    speculative_overrides: dict = dataclasses.field(default_factory=dict)
 
 
-def child_env(impl: str, base: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(impl: str, base: dict[str, str] | None = None,
+              default_process_mode: bool = False) -> dict[str, str]:
     """Environment for a child engine: ``in-tree`` disables every general plugin, ours included."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
     env = dict(os.environ if base is None else base)
-    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if default_process_mode:
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        # The drafter report sends a function to the workers (``collective_rpc``); across
+        # processes vLLM serializes callables only with this switch. Nothing else uses it.
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    else:
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if impl == "in-tree":
         env["VLLM_PLUGINS"] = ""
@@ -59,7 +71,8 @@ def run_config(config: OfflineConfig, timeout: float = 900.0, log_path: str | No
         with open(log, "w") as out:
             proc = subprocess.run(
                 [sys.executable, "-m", "vllm_mtp_plugin.tools.offline", str(request), str(result)],
-                stdout=out, stderr=subprocess.STDOUT, env=child_env(config.impl), timeout=timeout,
+                stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
+                env=child_env(config.impl, default_process_mode=config.default_process_mode),
             )
         if proc.returncode != 0 or not result.exists():
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
@@ -129,12 +142,15 @@ def _child(request_path: str, result_path: str) -> None:
 
     config = OfflineConfig(**json.loads(Path(request_path).read_text()))
     allocated = _record_allocated_bytes()
-    kwargs = dict(enforce_eager=True, distributed_executor_backend="uni",
-                  max_model_len=config.max_model_len, disable_log_stats=False, seed=0)
+    kwargs = dict(enforce_eager=True, max_model_len=config.max_model_len, disable_log_stats=False,
+                  seed=0)
+    if not config.default_process_mode:
+        kwargs["distributed_executor_backend"] = "uni"
     kwargs.update(config.llm_kwargs)
     if config.num_speculative_tokens:
         kwargs["speculative_config"] = {"method": "mtp",
-                                        "num_speculative_tokens": config.num_speculative_tokens}
+                                        "num_speculative_tokens": config.num_speculative_tokens,
+                                        **config.speculative_overrides}
     t0 = time.perf_counter()
     llm = LLM(config.model, **kwargs)
     init_s = time.perf_counter() - t0

