@@ -1,4 +1,5 @@
-"""Broken checkpoints fail at load with one clear message naming the file, tensor and remedy."""
+"""Broken checkpoints fail with one clear message naming the file, tensor and remedy: before the
+engine starts where the headers show it (``weights/preflight.py``), else when the drafter loads."""
 
 import json
 import shutil
@@ -27,7 +28,7 @@ def test_checkpoint_without_its_mtp_layer(checkpoints, tmp_path):
     model = derive(checkpoints("oracle"), tmp_path / "no-mtp",
                    lambda t: {k: v for k, v in t.items() if not k.startswith("model.layers.2.")})
     message = load_error(model)
-    assert f"CheckpointError: {model} has no tensors for MTP layer 2" in message
+    assert f"{model} has no tensors for MTP layer 0 (model.layers.2.*" in message
     assert "quantized or exported without its MTP layers" in message
 
 
@@ -38,16 +39,29 @@ def test_tensor_of_the_wrong_shape(checkpoints, tmp_path):
 
     model = derive(checkpoints("oracle"), tmp_path / "bad-shape", shrink)
     message = load_error(model)
-    assert (f"CheckpointError: {model}/model.safetensors: tensor 'model.layers.2.eh_proj.weight' "
-            "has shape [256, 256], but parameter 'model.layers.2.eh_proj.weight' expects [256, 512]"
-            ) in message
+    assert (f"{model}/model.safetensors: tensor 'model.layers.2.eh_proj.weight' has shape "
+            "[256, 256], but config.json (hidden_size 256) needs [256, 512]") in message
+
+
+def test_a_tensor_the_layer_does_not_have_is_caught_by_the_loader(checkpoints, tmp_path):
+    """The start-up check looks for what is missing; the loader names what does not belong."""
+    def add_unknown(t):
+        t["model.layers.2.self_attn.o_proj.bias"] = t["model.layers.2.enorm.weight"].clone()
+        return t
+
+    model = derive(checkpoints("oracle"), tmp_path / "unknown-tensor", add_unknown)
+    message = load_error(model)
+    assert (f"CheckpointError: {model}/model.safetensors: tensor "
+            "'model.layers.2.self_attn.o_proj.bias' (shape [256]) maps to parameter "
+            "'model.layers.2.mtp_block.self_attn.o_proj.bias', which the deepseek_v3 (Hugging "
+            "Face) MTP layer does not have") in message
 
 
 def test_missing_enorm(checkpoints, tmp_path):
     model = derive(checkpoints("oracle"), tmp_path / "no-enorm",
                    lambda t: {k: v for k, v in t.items() if "enorm" not in k})
     message = load_error(model)
-    assert "the MTP layer is incomplete; no tensor was found for 1 tensor(s): " \
+    assert "MTP layer 0 (model.layers.2.*) is incomplete: 1 tensor(s) missing: " \
            "model.layers.2.enorm.weight" in message
 
 

@@ -66,18 +66,23 @@ def test_engine_log_says_which_drafter_serves_and_what_sharing_saved(checkpoints
 
 
 def test_bad_checkpoint_error_reaches_the_caller_through_the_engine_core(checkpoints, tmp_path):
+    """A fault only the loader sees (a tensor the layer has no parameter for): raised in the
+    spawned worker."""
     from test_bad_checkpoints import derive
 
-    model = derive(checkpoints("oracle"), tmp_path / "no-enorm",
-                   lambda t: {k: v for k, v in t.items() if "enorm" not in k})
+    def add_unknown(t):
+        t["model.layers.2.self_attn.o_proj.bias"] = t["model.layers.2.enorm.weight"].clone()
+        return t
+
+    model = derive(checkpoints("oracle"), tmp_path / "unknown-tensor", add_unknown)
     with pytest.raises(RuntimeError) as info:
         run_config(OfflineConfig(str(model), 1, "plugin", ["Hello"], 4, default_process_mode=True))
     message = str(info.value)
     assert "(EngineCore pid=" in message
-    assert (f"CheckpointError: {model}: the MTP layer is incomplete; no tensor was found for 1 "
-            "tensor(s): model.layers.2.enorm.weight. Re-export the checkpoint with every tensor of "
-            "its MTP layers (deepseek_v3 (Hugging Face) names), or serve without "
-            "--speculative-config.") in message
+    assert (f"CheckpointError: {model}/model.safetensors: tensor "
+            "'model.layers.2.self_attn.o_proj.bias' (shape [256]) maps to parameter "
+            "'model.layers.2.mtp_block.self_attn.o_proj.bias', which the deepseek_v3 (Hugging "
+            "Face) MTP layer does not have") in message
 
 
 def test_other_speculative_methods_are_unaffected_by_the_plugin(checkpoints, run):

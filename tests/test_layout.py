@@ -1,7 +1,6 @@
 """The package boundary: the plugin part (what vLLM's processes import) never reaches into tools/."""
 
 import ast
-import inspect as pyinspect
 import re
 import subprocess
 import sys
@@ -53,16 +52,17 @@ print(len(loaded), *loaded)
 
 def test_every_patch_is_listed_in_the_readme():
     readme = README.read_text()
-    patch_functions = [name for name, obj in vars(patches).items()
-                       if pyinspect.isfunction(obj) and obj.__module__ == patches.__name__
-                       and not name.startswith("_")]
-    assert "patch_cli_version_lookup" in patch_functions
-    assert [name for name in patch_functions if f"`{name}`" not in readme] == []
+    names = [patch.name for patch in patches.REGISTER_PATCHES]
+    assert names and all(patch.apply is getattr(patches, patch.name)
+                         for patch in patches.REGISTER_PATCHES)
+    names += ["patch_cli_version_lookup", "import_v4_module"]
+    assert [name for name in names if f"| `{name}` |" not in readme] == []
 
 
-def test_one_header_reader_for_loader_and_inspect():
+def test_one_header_reader_for_loader_inspect_and_preflight():
     from vllm_mtp_plugin.tools import inspect as inspect_tool
-    from vllm_mtp_plugin.weights import headers, rules
+    from vllm_mtp_plugin.weights import headers, preflight, rules
 
-    assert inspect_tool.read_headers is headers.read_headers
+    assert inspect_tool.read_checkpoint is headers.read_checkpoint
+    assert preflight.read_checkpoint is headers.read_checkpoint
     assert rules.tensor_file is headers.tensor_file

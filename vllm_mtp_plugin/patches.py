@@ -1,7 +1,9 @@
 """Every change this package makes to vLLM's behaviour, each documented where it is applied: what it
 fixes, how to see the problem, when it can go.
 
-* ``check_mtp_layers_declared``: applied by ``register()`` in every vLLM process.
+* ``check_mtp_checkpoint``: applied by ``register()`` in every vLLM process.
+* ``expand_kernel_on_cpu``, ``top_k_on_empty_batch``: applied by ``register()`` where vLLM's
+  CPU sampling path has these bugs (non-greedy sampling with speculative decoding).
 * ``patch_cli_version_lookup``: applied by the ``vllm-mtp`` command only (never inside vLLM).
 * ``import_v4_module``: used while building the V4 drafter on out-of-tree platforms.
 """
@@ -31,7 +33,7 @@ def apply_register_patches() -> dict[str, str]:
 
     ``register()`` runs in every vLLM process, for every model: a probe or patch that fails must not
     take vLLM down. It is logged as a warning and vLLM is left as it was (each ``apply`` changes
-    vLLM in one final assignment). Returns ``name -> "applied" | "not needed: ..." | "failed: ..."``.
+    vLLM in one final assignment). Returns ``name -> "applied" | "skipped: ..." | "failed: ..."``.
     """
     outcome = {}
     for patch in REGISTER_PATCHES:
@@ -41,7 +43,7 @@ def apply_register_patches() -> dict[str, str]:
                 patch.apply()
                 outcome[patch.name] = "applied"
             else:
-                outcome[patch.name] = f"not needed: {reason}"
+                outcome[patch.name] = f"skipped: {reason}"
                 logger.debug("vllm-mtp-plugin: %s not applied: %s", patch.name, reason)
         except Exception as exc:  # noqa: BLE001 - a patch must never break vLLM
             outcome[patch.name] = f"failed: {type(exc).__name__}: {exc}"
@@ -51,7 +53,7 @@ def apply_register_patches() -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# check_mtp_layers_declared
+# check_mtp_checkpoint
 # ---------------------------------------------------------------------------------------------
 DEEPSEEK_MTP_MODEL_TYPES = ("deepseek_v3", "deepseek_v4")
 _vllm_hf_config_override: Callable | None = None
@@ -85,44 +87,56 @@ def hf_config_override(hf_config, *args, **kwargs):
             "(it may have been quantized or exported without them). Use a checkpoint that "
             "keeps its MTP layers, or serve without --speculative-config."
         )
+    _preflight(hf_config)
     # In a process that unpickled this function before (or without) register(), vLLM's own
     # function is still the one on the class.
     original = _vllm_hf_config_override or _current_hf_config_override()
     return original(hf_config, *args, **kwargs)
 
 
-def _probe_mtp_layers_check() -> str | None:
-    """Needed while vLLM passes ``n_predict = 0`` through (it divides by it later); applicable
-    while ``hf_config_override`` is a static function taking the hf_config first."""
-    from transformers import PretrainedConfig
+def _preflight(hf_config) -> None:
+    """The checkpoint's MTP part against its config.json, before any engine process starts
+    (``weights/preflight.py``). A fault in the check itself is logged and never blocks vLLM."""
+    from .weights.preflight import check_before_engine_start
+    from .weights.rules import CheckpointError
 
+    try:
+        check_before_engine_start(hf_config)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a checker bug must not refuse a valid checkpoint
+        logger.warning("vllm-mtp-plugin: start-up check of the MTP layers skipped (%s: %s)",
+                       type(exc).__name__, exc)
+
+
+def _probe_mtp_checkpoint_check() -> str | None:
+    """Applicable while ``hf_config_override`` is a static function taking the hf_config first;
+    needed everywhere (vLLM checks neither the MTP tensors before loading nor ``n_predict = 0``)."""
     current = _current_hf_config_override()
     if current is hf_config_override:
         return "already applied in this process"
     params = list(inspect.signature(current).parameters.values())
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY,
                                               params[0].POSITIONAL_OR_KEYWORD):
-        return f"SpeculativeConfig.hf_config_override{inspect.signature(current)} is not f(hf_config, ...)"
-    probe = PretrainedConfig(architectures=["DeepseekV3ForCausalLM"], num_nextn_predict_layers=0)
-    probe.model_type = "deepseek_v3"
-    try:
-        result = current(probe)
-    except (ValueError, ZeroDivisionError):
-        return "vLLM rejects num_nextn_predict_layers = 0 itself"
-    if getattr(result, "n_predict", None) != 0:
-        return "vLLM no longer takes n_predict from num_nextn_predict_layers"
+        return (f"SpeculativeConfig.hf_config_override{inspect.signature(current)} is not "
+                "f(hf_config, ...)")
     return None
 
 
-def check_mtp_layers_declared() -> None:
-    """Reject ``method: "mtp"`` on a DeepSeek config that declares no MTP layer, with a clear error.
+def check_mtp_checkpoint() -> None:
+    """Refuse, with a clear message, a DeepSeek checkpoint whose MTP part disagrees with its
+    config.json, before any engine process starts.
 
-    What it fixes: ``SpeculativeConfig`` takes ``n_predict`` from ``num_nextn_predict_layers``; when
-    a checkpoint's config.json says ``0`` (MTP layers stripped, e.g. by a quantizer),
-    ``num_speculative_tokens % n_predict`` raises a bare ``ZeroDivisionError``. How to see it: set
-    ``num_nextn_predict_layers`` to 0 in a DeepSeek-V3 config.json and serve it with
+    What it fixes: (1) ``SpeculativeConfig`` takes ``n_predict`` from ``num_nextn_predict_layers``;
+    when config.json says ``0`` (MTP layers stripped, e.g. by a quantizer), vLLM raises a bare
+    ``ZeroDivisionError``. (2) Checkpoints with missing, shifted, partial or surplus MTP layers,
+    absent shards, truncated headers or unloadable dtypes fail only after the target has loaded,
+    some with a bare ``KeyError`` from the target's loader; ``weights/preflight.py`` finds them from
+    the headers first. How to see it: set ``num_nextn_predict_layers`` to 0 in a DeepSeek-V3
+    config.json, or delete ``model.layers.61.enorm.weight``, and serve it with
     ``--speculative-config '{"method": "mtp", "num_speculative_tokens": 2}'``. When it can go:
-    when ``config/speculative.py`` validates ``n_predict`` itself (the probe then says so).
+    when vLLM validates ``n_predict`` and the MTP tensors before loading. Where: vLLM calls
+    ``hf_config_override`` when it builds the draft model's config (front-end process).
     """
     global _vllm_hf_config_override
     current = _current_hf_config_override()
@@ -132,8 +146,140 @@ def check_mtp_layers_declared() -> None:
     _speculative_config().hf_config_override = staticmethod(hf_config_override)
 
 
+# ---------------------------------------------------------------------------------------------
+# expand_kernel_on_cpu
+# ---------------------------------------------------------------------------------------------
+_vllm_cpu_expand: Callable | None = None
+
+
+def cpu_expand_kernel(output, input_val, cu_num_tokens, replace_from, replace_to,
+                      MAX_NUM_TOKENS=None):  # noqa: N803 - vLLM's kernel argument name
+    """vLLM's ``expand_kernel`` for CPUs without Triton, writing into ``output`` whatever its dtype.
+
+    Semantics of the Triton kernel (``v1/sample/rejection_sampler.py``): request ``r``'s value,
+    with ``replace_from`` turned into ``replace_to``, fills ``output[cu[r-1]:cu[r]]``. int64
+    tensors go to vLLM's C++ kernel as before; others (float32 temperatures and top-p, int32
+    top-k) are expanded here in their own dtype.
+    """
+    import torch
+
+    if output.dtype == input_val.dtype == torch.int64 and _vllm_cpu_expand is not None:
+        # vLLM's C++ kernel writes an int64 output in place.
+        return _vllm_cpu_expand(output, input_val, cu_num_tokens, replace_from, replace_to,
+                                MAX_NUM_TOKENS)
+    values = torch.where(input_val == replace_from,
+                         torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
+    ends = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    total = int(ends[-1]) if ends.numel() else 0
+    output[:total] = torch.repeat_interleave(values, counts).to(output.dtype)
+
+
+def _probe_cpu_expand() -> str | None:
+    """Needed where vLLM's CPU fallback for ``expand_kernel`` is registered (no Triton) and still
+    leaves a float32 output unwritten; checked by running it on a 3-element example."""
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.triton_utils import HAS_TRITON
+
+    if HAS_TRITON:
+        return "Triton runs vLLM's own expand_kernel here (no CPU fallback is registered)"
+    if not current_platform.is_cpu():
+        return f"not a CPU platform ({type(current_platform).__name__})"
+    from vllm.utils import cpu_triton_utils
+
+    current = cpu_triton_utils._expand_kernel_impl
+    if current is cpu_expand_kernel:
+        return "already applied in this process"
+    current_platform.import_kernels()
+    output = torch.zeros(3, dtype=torch.float32)
+    current(output, torch.tensor([0.5, 2.0]), torch.tensor([1, 3], dtype=torch.int32), -1, 1)
+    if torch.equal(output, torch.tensor([0.5, 2.0, 2.0])):
+        return "vLLM's CPU expand_kernel writes float32 outputs correctly"
+    return None
+
+
+def expand_kernel_on_cpu() -> None:
+    """Make sampling with speculative decoding correct on vllm-cpu (temperature, top-p, top-k).
+
+    What it fixes: on CPUs without Triton, vLLM replaces the rejection sampler's
+    ``expand_kernel`` with ``utils/cpu_triton_utils.py:_expand_kernel_impl``, which hands the C++
+    kernel ``_ensure_int64(output)``: for the float32 temperatures/top-p and int32 top-k that
+    ``expand_batch_to_tokens`` expands, that is a converted *copy*; the kernel fills the copy and
+    the caller's tensor stays uninitialised (and float inputs would be truncated to integers).
+    Every non-greedy request with speculative decoding then samples with garbage temperature or
+    top-p, and top-k crashes the engine (``max(): Expected reduction dim ...``). How to see it:
+    sample "Hello world" 400 times at temperature 1.0 with and without ``--speculative-config``
+    and compare the second token's distribution (``tests/test_sampling.py``). Where: vllm-cpu
+    0.31.0 and 0.32.0, V1 model runner (Model Runner V2 runs Triton's kernel and is unaffected).
+    When it can go: when the fallback writes ``output`` (the probe then finds it correct and
+    leaves vLLM alone). Applied before the worker registers its kernel overrides
+    (``WorkerWrapperBase`` loads the general plugins first), so vLLM's dispatcher picks this up.
+    """
+    global _vllm_cpu_expand
+    from vllm.utils import cpu_triton_utils
+
+    if cpu_triton_utils._expand_kernel_impl is cpu_expand_kernel:
+        return
+    _vllm_cpu_expand = cpu_triton_utils._expand_kernel_impl
+    cpu_triton_utils._expand_kernel_impl = cpu_expand_kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# top_k_on_empty_batch
+# ---------------------------------------------------------------------------------------------
+_vllm_apply_top_k_only: Callable | None = None
+
+
+def apply_top_k_only(logits, k):
+    """vLLM's ``apply_top_k_only``, which leaves a batch without rows as it is."""
+    if logits.shape[0] == 0:
+        return logits
+    return _vllm_apply_top_k_only(logits, k)
+
+
+def _probe_top_k_on_empty_batch() -> str | None:
+    """Needed where top-k runs through vLLM's PyTorch path (no Triton) and fails on zero rows."""
+    import torch
+    from vllm.triton_utils import HAS_TRITON
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    if HAS_TRITON:
+        return "Triton's top-k/top-p kernel runs here"
+    if topk_topp_sampler.apply_top_k_only is apply_top_k_only:
+        return "already applied in this process"
+    try:
+        topk_topp_sampler.apply_top_k_only(torch.empty(0, 4), torch.empty(0, dtype=torch.int64))
+    except RuntimeError:
+        return None
+    return "vLLM's apply_top_k_only accepts an empty batch"
+
+
+def top_k_on_empty_batch() -> None:
+    """Keep top-k requests with speculative decoding from crashing vllm-cpu's engine.
+
+    What it fixes: on the V1 runner the rejection sampler also runs for steps that verify no draft
+    token (the prefill of new requests), with zero rows; top-k then goes through
+    ``v1/sample/ops/topk_topp_sampler.py:apply_top_k_only`` (the CPU's PyTorch path), whose
+    ``k.max()`` fails on an empty tensor: ``RuntimeError: max(): Expected reduction dim to be
+    specified for input.numel() == 0`` and the engine dies. How to see it: any request with
+    ``top_k`` to vllm-cpu with ``--speculative-config`` (``tests/test_sampling.py``). When it can
+    go: when ``apply_top_k_only`` accepts an empty batch (the probe then leaves vLLM alone).
+    ``apply_top_k_top_p_pytorch`` looks the function up in its module at every call.
+    """
+    global _vllm_apply_top_k_only
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    if topk_topp_sampler.apply_top_k_only is apply_top_k_only:
+        return
+    _vllm_apply_top_k_only = topk_topp_sampler.apply_top_k_only
+    topk_topp_sampler.apply_top_k_only = apply_top_k_only
+
+
 REGISTER_PATCHES = (
-    Patch("check_mtp_layers_declared", _probe_mtp_layers_check, check_mtp_layers_declared),
+    Patch("check_mtp_checkpoint", _probe_mtp_checkpoint_check, check_mtp_checkpoint),
+    Patch("expand_kernel_on_cpu", _probe_cpu_expand, expand_kernel_on_cpu),
+    Patch("top_k_on_empty_batch", _probe_top_k_on_empty_batch, top_k_on_empty_batch),
 )
 
 

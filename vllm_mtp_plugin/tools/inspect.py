@@ -13,7 +13,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from ..weights.headers import read_headers
+from ..weights.headers import read_checkpoint
 from ..weights.rules import WeightMap
 from ..weights.v3 import V3_OWN_TENSORS, v3_weight_map
 
@@ -37,7 +37,7 @@ def inspect(model_dir: str | Path) -> dict:
     weight_map = weight_map_for(config)
     first = config["num_hidden_layers"]
     declared = int(config.get("num_nextn_predict_layers") or 0)
-    tensors = read_headers(model_dir)
+    tensors, file_problems = read_checkpoint(model_dir)
     layers = {}
     for layer in range(first, first + max(declared, 1)):
         names = [n for n in tensors if weight_map.mtp_layer(n) == layer]
@@ -54,7 +54,7 @@ def inspect(model_dir: str | Path) -> dict:
             "shared_bytes": sum(_nbytes(tensors[n]) for n in shared),
             "missing": missing,
         }
-    problems = []
+    problems = list(file_problems)
     if declared == 0:
         problems.append("config.json declares no MTP layer (num_nextn_predict_layers is 0 or "
                         "missing)")

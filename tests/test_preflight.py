@@ -1,0 +1,221 @@
+"""Checkpoints whose MTP part disagrees with config.json are refused before the engine starts.
+
+Each malformed checkpoint is derived from a tiny valid one by rewriting safetensors bytes (dtypes
+kept exactly, FP8/E8M0 included) or config.json, then handed to vLLM's own start-up path
+(``EngineArgs(...).create_engine_config()``, what ``LLM(...)`` and ``vllm serve`` run first) in a
+child process with the plugin installed. Valid checkpoints and the real DeepSeek name lists pass.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from v4_support.harness import tiny_v4_checkpoint
+
+from vllm_mtp_plugin.weights.preflight import tensor_problems
+
+DATA = Path(__file__).parent / "data"
+
+
+# --------------------------------------------------------------------------- raw safetensors
+
+
+def read_raw(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    return {name: (info["dtype"], info["shape"], data[info["data_offsets"][0]:info["data_offsets"][1]])
+            for name, info in header.items() if name != "__metadata__"}
+
+
+def write_raw(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
+    header, offset = {}, 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    path.write_bytes(len(encoded).to_bytes(8, "little") + encoded
+                     + b"".join(data for _, _, data in tensors.values()))
+
+
+def derive(source: Path, target: Path, tensors=None, config=None, files=None) -> Path:
+    shutil.copytree(source, target)
+    shard = target / "model.safetensors"
+    if tensors:
+        write_raw(shard, tensors(read_raw(shard)))
+    if config:
+        cfg = json.loads((target / "config.json").read_text())
+        config(cfg)
+        (target / "config.json").write_text(json.dumps(cfg))
+    if files:
+        files(target)
+    return target
+
+
+def drop(*needles):
+    return lambda t: {k: v for k, v in t.items() if not any(n in k for n in needles)}
+
+
+def rename(old: str, new: str):
+    return lambda t: {k.replace(old, new): v for k, v in t.items()}
+
+
+def copy_layer(old: str, new: str):
+    return lambda t: {**t, **{k.replace(old, new): v for k, v in t.items() if k.startswith(old)}}
+
+
+def retype(name: str, dtype: str):
+    return lambda t: {k: ((dtype, *v[1:]) if k == name else v) for k, v in t.items()}
+
+
+def reshape_eh_proj(t):
+    dtype, (rows, cols), data = t["model.layers.2.eh_proj.weight"]
+    t["model.layers.2.eh_proj.weight"] = (dtype, [rows, cols // 2], data[: len(data) // 2])
+    return t
+
+
+def index_naming_absent_shard(model: Path) -> None:
+    names = read_raw(model / "model.safetensors")
+    weight_map = {name: "model.safetensors" for name in names}
+    weight_map["model.layers.2.enorm.weight"] = "model-00002-of-00002.safetensors"
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+def truncate(model: Path) -> None:
+    shard = model / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+
+def garble_header(model: Path) -> None:
+    shard = model / "model.safetensors"
+    raw = bytearray(shard.read_bytes())
+    raw[8:16] = b"not json"
+    shard.write_bytes(bytes(raw))
+
+
+# kind -> (base, derive kwargs, substrings the refusal must contain)
+V3_CASES = {
+    "missing": ({"tensors": drop("model.layers.2.")},
+                ["has no tensors for MTP layer 0 (model.layers.2.*", "exported without its MTP"]),
+    "shifted_up": ({"tensors": rename("model.layers.2.", "model.layers.3.")},
+                   ["config.json puts MTP layer 0 at model.layers.2.*", "are at model.layers.3.*",
+                    "shifted"]),
+    "shifted_down": ({"config": lambda c: c.update(num_hidden_layers=3)},
+                     ["puts MTP layer 0 at model.layers.3.* (num_hidden_layers=3",
+                      "are at model.layers.2.*"]),
+    "partial_own": ({"tensors": drop("model.layers.2.enorm.")},
+                    ["MTP layer 0 (model.layers.2.*) is incomplete: 1 tensor(s) missing: "
+                     "model.layers.2.enorm.weight"]),
+    "partial_block": ({"tensors": drop("model.layers.2.self_attn.kv_b_proj.")},
+                      ["1 tensor(s) missing: model.layers.2.self_attn.kv_b_proj.weight"]),
+    "missing_expert": ({"tensors": drop("model.layers.2.mlp.experts.3.")},
+                       ["3 tensor(s) missing: model.layers.2.mlp.experts.3.gate_proj.weight"]),
+    "surplus": ({"tensors": copy_layer("model.layers.2.", "model.layers.3.")},
+                ["MTP layer(s) model.layers.3.* beyond the 1 that config.json declares",
+                 "set num_nextn_predict_layers to 2"]),
+    "wrong_shape": ({"tensors": reshape_eh_proj},
+                    ["tensor 'model.layers.2.eh_proj.weight' has shape [256, 256]",
+                     "needs [256, 512]"]),
+    "bad_dtype": ({"tensors": retype("model.layers.2.hnorm.weight", "F6_E3M2")},
+                  ["tensor 'model.layers.2.hnorm.weight' is stored as F6_E3M2"]),
+    "absent_shard": ({"files": index_naming_absent_shard},
+                     ["names shard model-00002-of-00002.safetensors, which is not in"]),
+    "truncated": ({"files": truncate}, ["model.safetensors: the header places tensor data up to",
+                                        "the file is truncated"]),
+    "garbled_header": ({"files": garble_header},
+                       ["model.safetensors: the safetensors header is not valid"]),
+}
+V4_CASES = {
+    "v4_missing": ({"tensors": drop("mtp.")}, ["has no tensors for MTP layer 0 (mtp.0.*"]),
+    "v4_dspark": ({"tensors": drop("mtp.0.enorm.", "mtp.0.hnorm.")},
+                  ["mtp.0.* has", "no enorm/hnorm: it is a DSpark drafter", '"method": "dspark"']),
+    "v4_partial": ({"tensors": drop("mtp.0.hc_head_fn", "mtp.0.e_proj.")},
+                   ["MTP layer 0 (mtp.0.*) is incomplete: 2 tensor(s) missing: mtp.0.e_proj.weight, "
+                    "mtp.0.hc_head_fn"]),
+    "v4_surplus": ({"tensors": copy_layer("mtp.0.", "mtp.1.")},
+                   ["MTP layer(s) mtp.1.* beyond the 1 that config.json declares"]),
+}
+
+REFUSE = """
+import json, sys
+from vllm.engine.arg_utils import EngineArgs
+results = {}
+for model in sys.argv[1:]:
+    try:
+        EngineArgs(model=model, max_model_len=256, enforce_eager=True,
+                   speculative_config={"method": "mtp", "num_speculative_tokens": 1}
+                   ).create_engine_config()
+        results[model] = None
+    except Exception as exc:
+        results[model] = f"{type(exc).__name__}: {exc}"
+print("RESULTS" + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def start_up(checkpoints, tmp_path_factory):
+    """Every case through vLLM's start-up in one child process: model dir -> error or None."""
+    root = tmp_path_factory.mktemp("preflight")
+    bases = {"v3": checkpoints("oracle"), "v4": tiny_v4_checkpoint("random")}
+    dirs = {kind: derive(bases["v4" if kind.startswith("v4") else "v3"], root / kind, **kwargs)
+            for kind, (kwargs, _) in {**V3_CASES, **V4_CASES}.items()}
+    dirs["valid_v3"], dirs["valid_v4"] = bases["v3"], bases["v4"]
+    out = subprocess.run([sys.executable, "-c", REFUSE, *map(str, dirs.values())],
+                         capture_output=True, text=True, timeout=900)
+    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULTS")), None)
+    assert line, out.stdout[-2000:] + out.stderr[-4000:]
+    results = json.loads(line.removeprefix("RESULTS"))
+    return {kind: (path, results[str(path)]) for kind, path in dirs.items()}
+
+
+@pytest.mark.parametrize("kind", [*V3_CASES, *V4_CASES])
+def test_malformed_checkpoint_is_refused_with_the_fix(start_up, kind):
+    model, error = start_up[kind]
+    expected = {**V3_CASES, **V4_CASES}[kind][1]
+    assert error is not None, f"{kind} was accepted"
+    assert error.startswith("CheckpointError: vllm-mtp-plugin checked") or \
+        "vllm-mtp-plugin checked" in error, error
+    assert str(model) in error
+    for fragment in expected:
+        assert fragment in error, f"{kind}: {fragment!r} not in:\n{error}"
+
+
+def test_valid_checkpoints_start(start_up):
+    assert start_up["valid_v3"][1] is None
+    assert start_up["valid_v4"][1] is None
+
+
+TORCH_TO_SAFETENSORS = {"bf16": "BF16", "float32": "F32", "float8_e4m3fn": "F8_E4M3",
+                        "float8_e8m0fnu": "F8_E8M0", "int8": "I8"}
+
+
+def real_tensors(name_list: str) -> dict[str, dict]:
+    tensors = {}
+    for line in (DATA / name_list).read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, shape, dtype = line.split("\t")
+            tensors[name] = {"shape": [int(d) for d in shape.split(",")],
+                             "dtype": TORCH_TO_SAFETENSORS[dtype], "file": "shard"}
+    return tensors
+
+
+def test_the_real_deepseek_name_lists_pass():
+    v3_config = {"model_type": "deepseek_v3", "num_hidden_layers": 61, "num_nextn_predict_layers": 1,
+                 "hidden_size": 7168, "n_routed_experts": 256, "q_lora_rank": 1536}
+    v3 = real_tensors("deepseek_v3_mtp_layer61_names.txt")
+    assert len(v3) == 1564
+    assert tensor_problems(v3, v3_config, Path("DeepSeek-V3")) == []
+    v4_config = json.loads((DATA / "deepseek_v4_config.json").read_text())
+    v4 = real_tensors("deepseek_v4_mtp_names.txt")
+    assert len(v4) == 1581
+    assert tensor_problems(v4, v4_config, Path("DeepSeek-V4-Flash")) == []
+    # And the same lists with a tensor taken out are refused.
+    del v4["mtp.0.ffn.experts.17.w2.weight"]
+    assert tensor_problems(v4, v4_config, Path("DeepSeek-V4-Flash")) == [
+        "DeepSeek-V4-Flash: MTP layer 0 (mtp.0.*) is incomplete: 1 tensor(s) missing: "
+        "mtp.0.ffn.experts.17.w2.weight. Re-export the checkpoint with every tensor of its MTP "
+        "layers, or serve without --speculative-config."]
