@@ -149,3 +149,16 @@ print(patches.apply_register_patches())
     assert out.stdout.strip().splitlines()[-1] == str({
         "check_mtp_checkpoint": "applied", "expand_kernel_on_cpu": "applied",
         "top_k_on_empty_batch": "applied"})
+
+
+def test_register_never_raises_into_vllm(monkeypatch, caplog):
+    from vllm import ModelRegistry
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("registry exploded")
+
+    monkeypatch.setattr(ModelRegistry, "register_model", broken)
+    with caplog.at_level(logging.WARNING, logger="vllm.vllm_mtp_plugin"):
+        vllm_mtp_plugin.register()
+    assert ("vllm-mtp-plugin 0.1.0 not registered (RuntimeError: registry exploded); vLLM's own "
+            "MTP classes serve.") in [r.getMessage() for r in caplog.records]

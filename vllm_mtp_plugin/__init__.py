@@ -21,16 +21,27 @@ _registered = False
 
 
 def register() -> None:
-    """Point vLLM's MTP architectures at this package. Idempotent; logs once per process."""
+    """Point vLLM's MTP architectures at this package. Idempotent; logs once per process.
+
+    Never raises: vLLM calls this for every model in every process, so a failure here is logged as
+    a warning and vLLM goes on with its own classes.
+    """
     global _registered
-    from vllm import ModelRegistry
-    from vllm.logger import init_logger
+    import logging
 
-    from .patches import apply_register_patches
+    logger = logging.getLogger("vllm.vllm_mtp_plugin")
+    try:
+        from vllm import ModelRegistry
 
-    for arch, target in ARCHITECTURES.items():
-        ModelRegistry.register_model(arch, target)
-    apply_register_patches()
+        from .patches import apply_register_patches
+
+        for arch, target in ARCHITECTURES.items():
+            ModelRegistry.register_model(arch, target)
+        apply_register_patches()
+    except Exception as exc:  # noqa: BLE001 - a plugin must not take vLLM down
+        logger.warning("vllm-mtp-plugin %s not registered (%s: %s); vLLM's own MTP classes serve.",
+                       __version__, type(exc).__name__, exc)
+        return
     if not _registered:
         _registered = True
-        init_logger("vllm.vllm_mtp_plugin").info("vllm-mtp-plugin %s serves %s", __version__, ", ".join(ARCHITECTURES))
+        logger.info("vllm-mtp-plugin %s serves %s", __version__, ", ".join(ARCHITECTURES))
