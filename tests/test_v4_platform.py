@@ -81,6 +81,15 @@ def test_a_platform_without_a_v4_block_is_told_how_to_provide_one(monkeypatch):
     assert 'deepseek_v4_decoder_layer = "package.module:DecoderLayer"' in str(err.value)
 
 
+def test_a_vllm_without_the_platforms_v4_block_gets_a_clear_error(monkeypatch):
+    """vLLM 0.27 has no ``deepseek_v4/cpu/``: stop with a message, not a bare ImportError."""
+    assert plat.v4_module_exists("vllm.models.deepseek_v4.cpu.model")
+    monkeypatch.setitem(plat.V4_BLOCK_MODULES, "cpu", "vllm.models.deepseek_v4.cpu_gone.model")
+    with pytest.raises(NotImplementedError) as err:
+        plat.deepseek_v4_block_qualname()
+    assert "this vLLM has no DeepSeek-V4 decoder block for cpu" in str(err.value)
+
+
 def test_cpu_feature_probe_names_each_missing_flag(tmp_path, monkeypatch):
     import vllm.triton_utils
 

@@ -170,6 +170,62 @@ def test_attn_sink_keeps_this_ranks_heads_and_minus_inf_padding(monkeypatch):
     assert out[4:].tolist() == [float("-inf")] * 2
 
 
+def narrowing_sink_loader(param, loaded):
+    """Like vLLM 0.33's ``load_attention_sink``: takes the full tensor, keeps this rank's heads."""
+    import vllm.distributed as dist
+
+    local = loaded.numel() // dist.get_tensor_model_parallel_world_size()
+    start = local * dist.get_tensor_model_parallel_rank()
+    param.data[:local].copy_(loaded.narrow(0, start, local))
+    param.data[local:].fill_(float("-inf"))
+
+
+def sink_parameters():
+    """Parameters whose own loader narrows per rank: a stand-in, and vLLM's where it has one."""
+    from vllm.model_executor.model_loader import weight_utils
+
+    fake = torch.nn.Parameter(torch.zeros(6), requires_grad=False)
+    fake.weight_loader = narrowing_sink_loader
+    made = [fake]
+    if hasattr(weight_utils, "make_attention_sink"):
+        made.append(weight_utils.make_attention_sink(6, torch.float32))
+    return made
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_attn_sink_is_narrowed_once_when_the_parameter_loader_narrows(monkeypatch, rank):
+    import vllm.distributed as dist
+
+    from vllm_mtp_plugin.platform import narrows_per_rank
+    from vllm_mtp_plugin.weights.rules import load_mtp_weights
+
+    monkeypatch.setattr(dist, "get_tensor_model_parallel_world_size", lambda: 4)
+    monkeypatch.setattr(dist, "get_tensor_model_parallel_rank", lambda: rank)
+    sink = torch.arange(16, dtype=torch.float32)  # 16 heads, 4 per rank, padded to 6
+    for param in sink_parameters():
+        assert narrows_per_rank(param)
+        name = f"{BLOCK}.attn.attn_sink"
+        loaded = load_mtp_weights(flash_map_heads(16), [("mtp.0.attn.attn_sink", sink)],
+                                  {name: param}, mtp_layers=[L], num_experts=0)
+        assert loaded == {name}
+        assert param.tolist() == [4.0 * rank + i for i in range(4)] + [float("-inf")] * 2
+
+
+def test_only_loaders_other_than_the_default_count_as_narrowing():
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    from vllm_mtp_plugin.platform import narrows_per_rank
+
+    plain = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+    assert not narrows_per_rank(plain) and not narrows_per_rank(torch.zeros(4))
+    plain.weight_loader = default_weight_loader
+    assert not narrows_per_rank(plain)
+
+
+def flash_map_heads(num_heads):
+    return v4_weight_map(EXPERT_PARAMS, "fp4", L, num_heads)
+
+
 class _Report:
     def __init__(self, loaded, skipped, count):
         self.loaded, self.shared_skipped, self.tensors_per_layer = loaded, skipped, {L: count}

@@ -184,3 +184,23 @@ def test_loader_reports_a_checkpoint_without_mtp_layer():
     with pytest.raises(CheckpointError, match="has no tensors for MTP layer 4 .* quantized or exported "
                                               "without its MTP layers"):
         load(weights, small_params())
+
+
+def test_loader_accepts_partial_chunks_inside_vllms_weight_sync_scope():
+    """Weight sync (RL) loads one chunk at a time inside vLLM's ``disable_mtp_completeness_check``;
+    the completeness checks wait for a load outside it, as vLLM's own MTP loaders do."""
+    from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
+    weights = small_checkpoint()
+    chunk = {k: v for k, v in weights.items() if ".experts." not in k}
+    with pytest.raises(CheckpointError, match="no tensor was found"):
+        load(chunk, small_params())
+    params = small_params()
+    with disable_mtp_completeness_check():
+        first = load(chunk, params)
+        rest = load({k: v for k, v in weights.items() if k not in chunk}, params)
+        assert load({"model.layers.0.mlp.gate.weight": torch.zeros(2, 8)}, params) == set()
+    assert first | rest == set(params)
+    with pytest.raises(CheckpointError, match="has shape"):  # names and shapes are still checked
+        with disable_mtp_completeness_check():
+            load({"model.layers.4.eh_proj.weight": torch.zeros(8, 8)}, small_params())

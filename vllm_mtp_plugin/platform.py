@@ -23,6 +23,36 @@ def fused_moe_expert_params() -> dict[str, str]:
     return {weight_name.split(".")[2]: param for param, weight_name, _, _ in mapping}
 
 
+def mtp_completeness_check_enabled() -> bool:
+    """Whether a load must bring every MTP tensor (vLLM's ``mtp_validation`` scope).
+
+    vLLM's weight-transfer engines (RL weight sync) call ``load_weights`` with a chunk of the
+    weights inside ``disable_mtp_completeness_check()``; vLLM without ``mtp_validation`` only
+    loads whole checkpoints.
+    """
+    try:
+        from vllm.model_executor.model_loader.mtp_validation import (
+            is_mtp_completeness_check_enabled,
+        )
+    except ImportError:
+        return True
+    return is_mtp_completeness_check_enabled()
+
+
+def narrows_per_rank(param) -> bool:
+    """Whether ``param``'s own ``weight_loader`` takes the full checkpoint tensor and keeps this
+    tensor-parallel rank's part itself, as vLLM's parallel layers do.
+
+    A parameter without a loader, or with vLLM's ``default_weight_loader`` (a plain copy), needs
+    its rank's slice from the caller. vLLM 0.33 creates V4's ``attn_sink`` with
+    ``make_attention_sink``, whose loader narrows per rank; older releases use a plain parameter.
+    """
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    loader = getattr(param, "weight_loader", None)
+    return loader is not None and loader is not default_weight_loader
+
+
 # ---------------------------------------------------------------------------------------------
 # DeepSeek V4: the decoder block, side streams and CPU features of the current platform
 # ---------------------------------------------------------------------------------------------
@@ -70,7 +100,29 @@ def deepseek_v4_block_qualname() -> str:
             f"{', '.join(V4_BLOCK_MODULES)} only. An out-of-tree platform provides its own by "
             f"setting `{V4_BLOCK_ATTRIBUTE} = \"package.module:DecoderLayer\"` on its platform class."
         )
+    if not v4_module_exists(V4_BLOCK_MODULES[family]):
+        raise NotImplementedError(
+            f"this vLLM has no DeepSeek-V4 decoder block for {family} "
+            f"({V4_BLOCK_MODULES[family]} is missing; vLLM 0.27 has none for cpu), so neither "
+            "vLLM's nor vllm-mtp-plugin's V4 drafter can run here. Use a vLLM release that "
+            "ships one, or serve without --speculative-config."
+        )
     return f"{V4_BLOCK_MODULES[family]}:DeepseekV4DecoderLayer"
+
+
+def v4_module_exists(module_name: str) -> bool:
+    """Whether ``vllm.models.deepseek_v4.<...>`` is there, without running the package ``__init__``
+    (which imports a platform implementation)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(V4_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    relative = Path(*module_name.removeprefix(V4_PACKAGE + ".").split("."))
+    return any((Path(root) / relative).with_suffix(".py").is_file()
+               or (Path(root) / relative / "__init__.py").is_file()
+               for root in spec.submodule_search_locations)
 
 
 def deepseek_v4_block_cls() -> type:

@@ -12,6 +12,7 @@ from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.distributed import tensor_model_parallel_all_gather
+from vllm.logger import init_logger
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import ReplicatedLinear
 from vllm.model_executor.models.deepseek_v2 import (
@@ -24,6 +25,14 @@ from ..platform import fused_moe_expert_params
 from ..weights.rules import WeightMap
 from ..weights.v3 import v3_weight_map
 from .predictor import DeepSeekMultiTokenPredictor, SharedHeadNorm, draft_hf_config
+
+logger = init_logger("vllm.vllm_mtp_plugin")
+
+
+def uses_sparse_attention(config) -> bool:
+    """A DeepSeek-V3.2 / GLM-5 (DSA) config: its MLA has an indexer. vLLM's own MTP class tests
+    the same attribute to build the indexer's ``topk_indices_buffer``, which this layer does not."""
+    return hasattr(config, "index_topk")
 
 
 class DeepSeekV3MTPLayer(nn.Module):
@@ -75,6 +84,21 @@ class DeepSeekMTP(DeepSeekMultiTokenPredictor, DeepseekV2MixtureOfExperts):
 
     layer_cls = DeepSeekV3MTPLayer
     variant = "V3"
+
+    def __new__(cls, *, vllm_config: VllmConfig, prefix: str = ""):
+        """V3.2 / GLM-DSA targets get vLLM's own class (releases that route them to this
+        architecture name, e.g. vLLM 0.27, instead of ``DeepseekV32MTPModel``)."""
+        config = draft_hf_config(vllm_config)
+        if not uses_sparse_attention(config):
+            return super().__new__(cls)
+        from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP as InTreeDeepSeekMTP
+
+        target_type = getattr(getattr(vllm_config.model_config, "hf_config", None), "model_type",
+                              "?")
+        logger.info("vllm-mtp-plugin: %s target (sparse-attention indexer): drafting with vLLM's "
+                    "own %s:%s", target_type, InTreeDeepSeekMTP.__module__,
+                    InTreeDeepSeekMTP.__name__)
+        return InTreeDeepSeekMTP(vllm_config=vllm_config, prefix=prefix)
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)

@@ -164,9 +164,13 @@ def load_mtp_weights(
     """Load the MTP tensors of ``weights`` into ``params``; prove every parameter got its data.
 
     ``checkpoint_hint(layer, report)`` may explain a wrong drafter format before the generic
-    "missing tensors" error (V4 uses it to recognise DSpark drafters).
+    "missing tensors" error (V4 uses it to recognise DSpark drafters). Inside vLLM's
+    ``disable_mtp_completeness_check()`` (weight sync loads one chunk at a time) the completeness
+    checks are skipped, as vLLM's own loaders do; names and shapes are still checked.
     """
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    from ..platform import mtp_completeness_check_enabled
 
     report = LoadReport()
     wanted = set(mtp_layers)
@@ -192,8 +196,9 @@ def load_mtp_weights(
         report.loaded.add(target.param)
         if target.shard is not None:
             report.shards.setdefault(target.param, set()).add((target.shard, target.expert_id))
-    _check_complete(weight_map, params, report, mtp_layers, model_dir, checkpoint_hint,
-                    num_experts)
+    if mtp_completeness_check_enabled():
+        _check_complete(weight_map, params, report, mtp_layers, model_dir, checkpoint_hint,
+                        num_experts)
     return report.loaded
 
 

@@ -40,7 +40,12 @@ def raw_bytes(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 
 def attn_sink_for_rank(num_heads: int):
-    """``attn_sink`` holds one value per head; this rank keeps its heads, the padding stays -inf."""
+    """``attn_sink`` holds one value per head; this rank keeps its heads, the padding stays -inf.
+
+    Exactly once: a parameter whose own ``weight_loader`` narrows per rank (vLLM 0.33's
+    ``make_attention_sink``) gets the full tensor; narrowing it here too would hand ranks >= 1
+    padding instead of their heads.
+    """
 
     def narrow(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
         from vllm.distributed import (
@@ -48,6 +53,10 @@ def attn_sink_for_rank(num_heads: int):
             get_tensor_model_parallel_world_size,
         )
 
+        from ..platform import narrows_per_rank
+
+        if narrows_per_rank(param):
+            return tensor
         local = num_heads // get_tensor_model_parallel_world_size()
         start = local * get_tensor_model_parallel_rank()
         if tensor.shape != (num_heads,):
