@@ -95,7 +95,14 @@ def test_extra_arguments_reach_vllms_function(monkeypatch):
     assert calls == [{"a": 1}, {"b": 2}]
     config.num_nextn_predict_layers = 0
     with pytest.raises(ValueError, match="config.json sets num_nextn_predict_layers to 0"):
-        patches.hf_config_override(config, {"a": 1})
+        patches.hf_config_override(config, None)
+    # The Transformers backend's overrides: vLLM skips its DeepSeek rewrite, and so do the checks.
+    assert patches.hf_config_override(config, {"a": 1}) is config
+    assert calls[-1] == {"a": 1}
+    for model_type in ("deepseek_v32", "glm_moe_dsa", "deepseek_v4"):
+        config.model_type = model_type
+        with pytest.raises(ValueError, match="config.json sets num_nextn_predict_layers to 0"):
+            patches.hf_config_override(config)
 
 
 def test_a_failing_patch_warns_and_leaves_vllm_as_it_was(monkeypatch, caplog):

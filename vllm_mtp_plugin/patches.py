@@ -57,7 +57,8 @@ def apply_register_patches() -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------
 # check_mtp_checkpoint
 # ---------------------------------------------------------------------------------------------
-DEEPSEEK_MTP_MODEL_TYPES = ("deepseek_v3", "deepseek_v4")
+# The targets vLLM drafts for with DeepSeek MTP layers (``hf_config_override``).
+DEEPSEEK_MTP_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "deepseek_v4")
 _vllm_hf_config_override: Callable | None = None
 
 
@@ -79,8 +80,15 @@ def hf_config_override(hf_config, *args, **kwargs):
     Module-level on purpose: vLLM keeps this function as the draft ``ModelConfig``'s
     ``hf_overrides`` and pickles it into spawned engine processes, which can only pickle functions
     by qualified name. Extra arguments (vLLM 0.33 passes ``transformers_mtp_overrides``,
-    positionally or by keyword) go to vLLM's function unchanged.
+    positionally or by keyword) go to vLLM's function unchanged; when it is given (the
+    Transformers modeling backend), vLLM skips its DeepSeek rewrite and so do these checks.
     """
+    # In a process that unpickled this function before (or without) register(), vLLM's own
+    # function is still the one on the class.
+    original = _vllm_hf_config_override or _current_hf_config_override()
+    transformers_backend = (args[0] if args else kwargs.get("transformers_mtp_overrides"))
+    if transformers_backend:
+        return original(hf_config, *args, **kwargs)
     if (hf_config.model_type in DEEPSEEK_MTP_MODEL_TYPES
             and getattr(hf_config, "num_nextn_predict_layers", None) == 0):
         raise ValueError(
@@ -90,9 +98,6 @@ def hf_config_override(hf_config, *args, **kwargs):
             "keeps its MTP layers, or serve without --speculative-config."
         )
     _preflight(hf_config)
-    # In a process that unpickled this function before (or without) register(), vLLM's own
-    # function is still the one on the class.
-    original = _vllm_hf_config_override or _current_hf_config_override()
     return original(hf_config, *args, **kwargs)
 
 

@@ -87,7 +87,8 @@ def v4_layout(config: dict) -> Layout:
     )
 
 
-LAYOUTS = {"deepseek_v3": v3_layout, "deepseek_v4": v4_layout}
+# DeepSeek-V3.2 keeps V3's layout (plus indexer tensors, not required here).
+LAYOUTS = {"deepseek_v3": v3_layout, "deepseek_v32": v3_layout, "deepseek_v4": v4_layout}
 
 
 def mtp_problems(model_dir: str | Path, config: dict) -> list[str]:
