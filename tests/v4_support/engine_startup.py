@@ -1,7 +1,8 @@
 """Child process of test_v4_e2e.py: start a real vLLM engine with a V4 target and our drafter.
 
-Prints one JSON line: the drafter's class, whether vLLM's proposer gave it the target's embedding,
-head and top-k buffer, and the draft attention layers in the KV-cache config. It generates nothing:
+Prints one JSON line: the model runner (V1 or V2, whichever the environment selects), the
+drafter's class, whether vLLM's proposer gave it the target's embedding, head and top-k buffer, and
+the draft attention layers in the KV-cache config. It generates nothing:
 on CPUs without what ``tools.cpu_features.deepseek_v4_cpu_blockers`` lists, the first step fails in vLLM's
 V4 attention metadata (a Triton kernel), after everything checked here has happened.
 """
@@ -15,10 +16,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def report(worker) -> dict:
+    from vllm_mtp_plugin.tools.runner_probe import drafter_model, model_runner_kind
+
     runner = worker.model_runner
-    target, drafter = runner.model, runner.drafter.model
+    target, drafter = runner.model, drafter_model(runner)
     layer = next(iter(drafter.model.layers.values()))
     return {
+        "runner": model_runner_kind(runner),
         "class": f"{type(drafter).__module__}:{type(drafter).__name__}",
         "embedding_shared": drafter.model.embed_tokens is target.model.embed_tokens,
         "head_shared": drafter.lm_head is target.lm_head,

