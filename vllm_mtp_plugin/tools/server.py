@@ -45,11 +45,19 @@ class Server:
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> "Server":
+        return self.launch().wait_ready(timeout, progress)
+
+    def launch(self) -> "Server":
+        """Start the process without waiting for it to be ready (``start_all`` overlaps start-ups)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "w")
         self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
                                         env=self.env, start_new_session=True)
         log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 600.0,
+                   progress: Callable[[str], None] | None = None) -> "Server":
         self._wait_ready(timeout, progress)
         return self
 
@@ -108,3 +116,20 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_all(servers: Sequence[Server], timeout: float = 600.0) -> list[Server]:
+    """Launch several servers at once, then wait for each: their engines load side by side.
+
+    If one fails, every server of the group is stopped before the error propagates.
+    """
+    try:
+        for server in servers:
+            server.launch()
+        for server in servers:
+            server.wait_ready(timeout)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return list(servers)
