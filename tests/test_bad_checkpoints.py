@@ -72,3 +72,17 @@ def test_config_without_mtp_layers(checkpoints, tmp_path):
     (model / "config.json").write_text(json.dumps(config))
     message = load_error(model)
     assert "config.json sets num_nextn_predict_layers to 0, so the checkpoint has no MTP layer" in message
+
+
+def test_a_block_tensor_of_the_wrong_shape_is_refused_at_load(checkpoints, tmp_path):
+    """The start-up check reads only the MTP layer's own shapes; the loader checks the block's."""
+    def shrink(t):
+        t["model.layers.2.self_attn.o_proj.weight"] = \
+            t["model.layers.2.self_attn.o_proj.weight"][:, :64].clone()
+        return t
+
+    model = derive(checkpoints("oracle"), tmp_path / "bad-block-shape", shrink)
+    message = load_error(model)
+    assert (f"CheckpointError: {model}/model.safetensors: tensor "
+            "'model.layers.2.self_attn.o_proj.weight' has shape [256, 64], but parameter "
+            "'model.layers.2.mtp_block.self_attn.o_proj.weight' expects [256, 128]") in message

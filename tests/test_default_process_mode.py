@@ -20,10 +20,10 @@ def run(prompts, tmp_path_factory):
     logs = tmp_path_factory.mktemp("default-mode-logs")
 
     @functools.cache
-    def cached(model, k=0, impl="plugin", **overrides):
+    def cached(checkpoint, k=0, impl="plugin", **overrides):
         log = logs / f"{len(list(logs.iterdir()))}.log"
-        config = OfflineConfig(str(model), k, impl, prompts, MAX_TOKENS, default_process_mode=True,
-                               speculative_overrides=dict(overrides))
+        config = OfflineConfig(str(checkpoint), k, impl, prompts, MAX_TOKENS,
+                               default_process_mode=True, speculative_overrides=dict(overrides))
         result = run_config(config, log_path=str(log))
         result["log"] = log.read_text(errors="replace")
         return result
@@ -75,9 +75,11 @@ def test_bad_checkpoint_error_reaches_the_caller_through_the_engine_core(checkpo
         return t
 
     model = derive(checkpoints("oracle"), tmp_path / "unknown-tensor", add_unknown)
-    with pytest.raises(RuntimeError) as info:
-        run_config(OfflineConfig(str(model), 1, "plugin", ["Hello"], 4, default_process_mode=True))
-    message = str(info.value)
+    log = tmp_path / "engine.log"
+    with pytest.raises(RuntimeError, match="Engine core initialization failed"):
+        run_config(OfflineConfig(str(model), 1, "plugin", ["Hello"], 4, default_process_mode=True),
+                   log_path=str(log))
+    message = log.read_text(errors="replace")
     assert "(EngineCore pid=" in message
     assert (f"CheckpointError: {model}/model.safetensors: tensor "
             "'model.layers.2.self_attn.o_proj.bias' (shape [256]) maps to parameter "
