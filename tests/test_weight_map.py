@@ -139,9 +139,9 @@ def small_params(hidden=8):
             f"{L}.mtp_block.mlp.experts.routed_experts.w2_weight": RecordingParam(2, hidden, 4)}
 
 
-def load(weights, params):
+def load(weights, params, num_experts=2):
     return load_mtp_weights(v3_weight_map(EXPERT_PARAMS), weights.items(), params,
-                            mtp_layers=[4], num_experts=2, model_dir="/ckpt")
+                            mtp_layers=[4], num_experts=num_experts, model_dir="/ckpt")
 
 
 def test_loader_returns_every_parameter_and_skips_shared_copies():
@@ -204,3 +204,105 @@ def test_loader_accepts_partial_chunks_inside_vllms_weight_sync_scope():
     with pytest.raises(CheckpointError, match="has shape"):  # names and shapes are still checked
         with disable_mtp_completeness_check():
             load({"model.layers.4.eh_proj.weight": torch.zeros(8, 8)}, small_params())
+
+
+# ------------------------------------------- expert parallelism and fused shared experts (ROCm AITER)
+
+
+class MoELayer:
+    """Stands for vLLM's fused-MoE layer: the expert map of EP rank ``rank`` of ``size`` (made by
+    vLLM's own ``determine_expert_map``) and ``fused_shared`` shared experts in the slots after the
+    routed ones. Its ``weight_loader`` records what it is asked to load."""
+
+    def __init__(self, experts, size=1, rank=0, fused_shared=0):
+        from vllm.model_executor.layers.fused_moe.expert_map_manager import determine_expert_map
+
+        _, self.expert_map, _ = determine_expert_map(size, rank, experts)
+        self.num_fused_shared_experts = fused_shared
+        self.calls = []
+
+    def _map_global_expert_id_to_local_expert_id(self, expert_id):
+        return expert_id if self.expert_map is None else int(self.expert_map[expert_id])
+
+    def weight_loader(self, param, tensor, weight_name, shard_id, expert_id):
+        self.calls.append((weight_name.rsplit(".", 1)[-1], expert_id, shard_id, tensor.clone()))
+
+
+class ExpertsParam:
+    def __init__(self, layer, *shape):
+        self.shape, self.weight_loader = shape, layer.weight_loader
+
+
+def moe_params(layer, shared_mlp=True, hidden=8):
+    params = small_params(hidden)
+    routed = "model.layers.4.mtp_block.mlp.experts.routed_experts."
+    params[routed + "w13_weight"] = ExpertsParam(layer, 2, 8, hidden)
+    params[routed + "w2_weight"] = ExpertsParam(layer, 2, hidden, 4)
+    if not shared_mlp:
+        del params["model.layers.4.mtp_block.mlp.shared_experts.gate_up_proj.weight"]
+    return params
+
+
+def test_an_expert_parallel_rank_loads_its_experts_from_vllms_ep_filtered_stream():
+    """``--enable-ep-weight-filter``: vLLM's iterator drops other ranks' expert weights unread."""
+    from vllm.model_executor.model_loader.ep_weight_filter import (
+        compute_local_expert_ids,
+        should_skip_weight,
+    )
+
+    local = compute_local_expert_ids(4, ep_size=2, ep_rank=1)
+    stream = {n: t for n, t in small_checkpoint(experts=4).items() if not should_skip_weight(n, local)}
+    assert local == {2, 3} and not [n for n in stream if ".experts.0." in n or ".experts.1." in n]
+    layer = MoELayer(4, size=2, rank=1)
+    params = moe_params(layer)
+    assert load(stream, params, num_experts=4) == set(params)
+    assert sorted((e, s) for w, e, s, _ in layer.calls if w == "w13_weight") == [
+        (2, "w1"), (2, "w3"), (3, "w1"), (3, "w3")]
+    # The same stream without one of this rank's own experts is still incomplete.
+    del stream["model.layers.4.mlp.experts.3.up_proj.weight"]
+    with pytest.raises(CheckpointError) as info:
+        load(stream, moe_params(MoELayer(4, size=2, rank=1)), num_experts=4)
+    assert "no tensor was found for 1 tensor(s): " in str(info.value)
+    assert "experts.routed_experts.w13_weight [expert 3 shard w3]" in str(info.value)
+
+
+def test_fused_shared_experts_fill_the_slots_after_the_routed_experts():
+    """ROCm AITER: two shared experts stored as one widened MLP go to experts 2 and 3, split
+    along the intermediate axis (dim 0 of gate/up, dim 1 of down), as vLLM's DeepSeekMTP does."""
+    weights = small_checkpoint(experts=2)
+    L = "model.layers.4.mlp.shared_experts."
+    gate, up = torch.arange(64.).view(8, 8), torch.arange(64.).view(8, 8) + 100
+    down = torch.arange(64.).view(8, 8) + 200
+    weights.update({L + "gate_proj.weight": gate, L + "up_proj.weight": up,
+                    L + "down_proj.weight": down})
+    layer = MoELayer(2, fused_shared=2)
+    params = moe_params(layer, shared_mlp=False)
+    assert load(weights, params) == set(params)
+    shared = {(e, s): t for w, e, s, t in layer.calls if e >= 2}
+    assert sorted(shared) == [(2, "w1"), (2, "w2"), (2, "w3"), (3, "w1"), (3, "w2"), (3, "w3")]
+    assert torch.equal(shared[2, "w1"], gate[:4]) and torch.equal(shared[3, "w3"], up[4:])
+    assert torch.equal(shared[2, "w2"], down[:, :4]) and torch.equal(shared[3, "w2"], down[:, 4:])
+    # The fused slots belong to every rank: a missing one is reported like a routed expert.
+    del weights[L + "up_proj.weight"]
+    with pytest.raises(CheckpointError, match=r"w13_weight \[expert 2 shard w3\].*"
+                                              r"w13_weight \[expert 3 shard w3\]"):
+        load(weights, moe_params(MoELayer(2, fused_shared=2), shared_mlp=False))
+
+
+def test_shared_experts_with_neither_an_mlp_nor_fused_slots_say_what_disagrees():
+    weights = small_checkpoint()
+    with pytest.raises(CheckpointError, match=r"'model\.layers\.4\.mlp\.shared_experts\.gate_proj"
+                                              r"\.weight' holds the layer's shared experts.*"
+                                              r"n_shared_experts disagrees"):
+        load(weights, moe_params(MoELayer(2), shared_mlp=False))
+
+
+def test_vllm_ascend_cache_scales_land_where_its_quantization_config_puts_them():
+    """vllm-ascend's modelslim KV-cache (FA) scales, renamed as its cache-scale mapper does."""
+    attn = "model.layers.4.mtp_block.self_attn.mla_attn.mla_attn."
+    weights = {**small_checkpoint(), "model.layers.4.self_attn.fa_k.scale": torch.ones(1),
+               "model.layers.4.self_attn.fa_q.offset": torch.zeros(1)}
+    params = {**small_params(), attn + "fa_k.scale": RecordingParam(1),
+              attn + "fa_q.offset": RecordingParam(1)}
+    assert load(weights, params) == set(params)
+    assert len(params[attn + "fa_k.scale"].calls) == len(params[attn + "fa_q.offset"].calls) == 1

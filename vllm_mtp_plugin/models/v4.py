@@ -49,6 +49,21 @@ def build_v4_block(vllm_config: VllmConfig, prefix: str) -> nn.Module:
     return block_cls(vllm_config, prefix, **kwargs)
 
 
+def shard_for_sequence_parallel(normed_embeds: torch.Tensor, normed_hidden: torch.Tensor):
+    """This rank's token shard of both normed inputs, before ``e_proj``/``h_proj``, as vLLM's own
+    V4 drafter does (``models/deepseek_v4/nvidia/mtp.py``): each rank projects ``ceil(T / tp)``
+    tokens instead of all ``T``. The MoE's padding mask is sharded alike, so that the zero rows
+    ``sp_shard`` pads with are skipped as padding (``VLLM_MOE_SKIP_PADDING``)."""
+    import vllm.envs as envs
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+    from vllm.models.common.ops.sequence_parallel import sp_padding_mask, sp_shard
+
+    if getattr(envs, "VLLM_MOE_SKIP_PADDING", False) and is_forward_context_available():
+        context = get_forward_context()
+        context.is_padding = sp_padding_mask(context.is_padding, normed_embeds)
+    return sp_shard(normed_embeds), sp_shard(normed_hidden)
+
+
 class DeepSeekV4MTPLayer(nn.Module):
     """One V4 MTP module. ``forward`` returns the flat pre-``hc_head`` residual ``(T, hc_mult*H)``."""
 
@@ -87,26 +102,33 @@ class DeepSeekV4MTPLayer(nn.Module):
 
     def fuse_inputs(self, positions: torch.Tensor, previous_hidden_states: torch.Tensor,
                     inputs_embeds: torch.Tensor) -> torch.Tensor:
-        """``h_proj(hnorm(h)) + e_proj(enorm(e))`` over ``hc_mult`` streams: ``(T, hc_mult, H)``."""
+        """``h_proj(hnorm(h)) + e_proj(enorm(e))`` over ``hc_mult`` streams: ``(T, hc_mult, H)``.
+
+        With sequence parallelism (``mtp_block.use_sequence_parallel``) this rank's token shard
+        only, ``(ceil(T / tp), hc_mult, H)``: see ``shard_for_sequence_parallel``.
+        """
         # Position 0 has no previous token: its embedding is zeroed (as vLLM and SGLang do).
         inputs_embeds = torch.where(positions.unsqueeze(-1) == 0, 0, inputs_embeds)
+        e = self.enorm(inputs_embeds)
         streams = previous_hidden_states.reshape(-1, self.hidden_size)
-        h = self.h_proj(self.hnorm(streams)).view(-1, self.hc_mult, self.hidden_size)
-        return h + self.e_proj(self.enorm(inputs_embeds)).unsqueeze(-2)
+        h = self.hnorm(streams).view(-1, self.hc_mult, self.hidden_size)
+        if self.sequence_parallel:
+            e, h = shard_for_sequence_parallel(e, h)
+        h = self.h_proj(h.reshape(-1, self.hidden_size)).view(-1, self.hc_mult, self.hidden_size)
+        return h + self.e_proj(e).unsqueeze(-2)
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return bool(getattr(self.mtp_block, "use_sequence_parallel", False))
 
     def forward(self, positions: torch.Tensor, previous_hidden_states: torch.Tensor,
                 inputs_embeds: torch.Tensor) -> torch.Tensor:
         x = self.fuse_inputs(positions, previous_hidden_states, inputs_embeds)
-        sequence_parallel = getattr(self.mtp_block, "use_sequence_parallel", False)
-        if sequence_parallel:
-            from vllm.models.common.ops.sequence_parallel import sp_shard
-
-            x = sp_shard(x)
         x, residual, post_mix, res_mix = self.mtp_block(x=x, positions=positions, input_ids=None)
         if residual is not None:  # the block's last hc_post is deferred (fused hyper-connections)
             post = self.mhc_post or self.mtp_block.hc_post
             x = post(x, residual, post_mix, res_mix)
-        if sequence_parallel:
+        if self.sequence_parallel:
             from vllm.models.common.ops.sequence_parallel import sp_all_gather
 
             x = sp_all_gather(x)[: positions.shape[0]]
@@ -137,6 +159,15 @@ class DeepSeekV4MTP(DeepSeekMultiTokenPredictor):
             num_hidden_layers=self.config.num_hidden_layers,
             num_heads=self.config.num_attention_heads,
         )
+
+    def is_unused_checkpoint_weight(self, name: str) -> bool:
+        """vLLM's loader does not read safetensors shards in which every tensor is unused
+        (``filter_safetensors_files_by_weight_name``): the drafter reads only its ``mtp.{j}.*``
+        tensors, so the target's shards are skipped, as for vLLM's own V4 drafter."""
+        if getattr(self, "_unused_filter", None) is None:
+            self._unused_filter = (self.weight_map(), tuple(self.model.layer_indices()))
+        weight_map, layers = self._unused_filter
+        return weight_map.is_unused(name, layers)
 
     def checkpoint_hint(self, layer: int, report) -> str | None:
         return dspark_hint(self.config.num_hidden_layers)(layer, report)

@@ -22,6 +22,9 @@ from .headers import read_checkpoint
 LOADABLE_DTYPES = frozenset({"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64", "F16",
                              "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4"})
 DSPARK_MARKERS = ("main_proj", "main_norm", "markov_head", "confidence_head")
+# What quantized exports store instead of a linear's ``weight``: GPTQ/AWQ ``qweight``,
+# compressed-tensors' packed formats ``weight_packed`` (vLLM's loaders take either).
+QUANTIZED_WEIGHT_NAMES = ("qweight", "weight_packed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,12 +169,13 @@ def _dspark(layout: Layout, j: int, model_dir: Path, names: set[str]) -> str:
 def _incomplete(layout, j, names, tensors, config, model_dir) -> list[str]:
     prefix = layout.prefix(j)
     problems = []
-    missing = [prefix + s for s in (*layout.own, *layout.block) if prefix + s not in names]
+    stored = _stored(names)
+    missing = [prefix + s for s in (*layout.own, *layout.block) if not stored(prefix + s)]
     experts = int(config.get("n_routed_experts") or 0)
     if experts:
         missing += [prefix + layout.expert.format(e=e, part=part)
                     for e in range(experts) for part in layout.expert_parts
-                    if prefix + layout.expert.format(e=e, part=part) not in names]
+                    if not stored(prefix + layout.expert.format(e=e, part=part))]
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
         problems.append(f"{model_dir}: MTP layer {j} ({prefix}*) is incomplete: {len(missing)} "
@@ -195,6 +199,17 @@ def _incomplete(layout, j, names, tensors, config, model_dir) -> list[str]:
                 "supported dtype.")
             break
     return problems
+
+
+def _stored(names: set[str]) -> Callable[[str], bool]:
+    """Whether the checkpoint holds tensor ``name``, or, for a ``.weight``, its quantized form."""
+
+    def stored(name: str) -> bool:
+        module = name.removesuffix(".weight")
+        return name in names or (module != name and any(
+            f"{module}.{alias}" in names for alias in QUANTIZED_WEIGHT_NAMES))
+
+    return stored
 
 
 def check_before_engine_start(hf_config) -> None:

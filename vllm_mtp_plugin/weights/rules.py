@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import regex as re
 
+from .experts import fused_shared_experts, local_experts
 from .headers import tensor_file
+from .quantized import needs_no_tensor, quantization_extra
 
 
 class CheckpointError(ValueError):
@@ -29,6 +31,8 @@ class Rule:
     ``expert``: name of the group holding the expert index (the target is a fused-MoE parameter).
     ``optional``: apply only when the renamed parameter exists (e.g. a fusion that is off).
     ``transform``: ``f(tensor, param) -> tensor`` applied before loading (e.g. a dtype view).
+    ``fused_shared``: the tensor holds the layer's shared experts and the target is a fused-MoE
+    parameter: it goes to the expert slots after the routed ones (ROCm AITER, ``weights.experts``).
     """
 
     pattern: str
@@ -37,6 +41,7 @@ class Rule:
     expert: str | None = None
     optional: bool = False
     transform: Callable | None = None
+    fused_shared: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "_regex", re.compile(self.pattern))
@@ -53,6 +58,7 @@ class Target:
     shard: int | str | None = None
     expert_id: int | None = None
     transform: Callable | None = None
+    fused_shared: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +73,8 @@ class WeightMap:
     ``renames``: applied after the prefix, every one that matches, in order (suffixes, module
     names that differ from vLLM's); their ``transform``s apply too.
     ``rules``: tried in order after the renames; the first that matches decides (stack/expert).
+    ``fallbacks``: rules for a tensor whose parameter (by ``rules``) this drafter does not have,
+    tried like ``rules`` but only into parameters that exist (e.g. a module vLLM fused elsewhere).
     ``to_checkpoint``: (pattern, replacement) pairs turning a parameter name back into the
     checkpoint name a user would look for, for error messages.
     """
@@ -77,6 +85,7 @@ class WeightMap:
     prefix_rules: Sequence[Rule]
     rules: Sequence[Rule]
     renames: Sequence[Rule] = ()
+    fallbacks: Sequence[Rule] = ()
     shared: Sequence[str] = ()
     drop: Sequence[str] = ()
     to_checkpoint: Sequence[tuple[str, str]] = ()
@@ -89,6 +98,17 @@ class WeightMap:
         """The target of an MTP-layer tensor, or ``None`` when it is skipped."""
         if any(re.search(pattern, ckpt_name) for pattern in (*self.drop, *self.shared)):
             return None
+        name, transform = self._renamed(ckpt_name)
+        return self._first_match(self.rules, name, transform, has_param) or Target(
+            name, transform=transform)
+
+    def fallback(self, ckpt_name: str, has_param: Callable[[str], bool]) -> Target | None:
+        """Where a tensor goes whose ``resolve`` target the drafter lacks (``fallbacks``), if
+        anywhere."""
+        name, transform = self._renamed(ckpt_name)
+        return self._first_match(self.fallbacks, name, transform, has_param, exists=True)
+
+    def _renamed(self, ckpt_name: str) -> tuple[str, Callable | None]:
         name = ckpt_name
         for rule in self.prefix_rules:
             if rule.search(name):
@@ -99,16 +119,27 @@ class WeightMap:
             if rule.search(name):
                 name = rule._regex.sub(rule.replacement, name)
                 transform = rule.transform or transform
-        for rule in self.rules:
+        return name, transform
+
+    @staticmethod
+    def _first_match(rules, name, transform, has_param, exists=False) -> Target | None:
+        for rule in rules:
             m = rule.search(name)
             if m is None:
                 continue
             mapped = rule._regex.sub(rule.replacement, name, count=1)
-            if rule.optional and not has_param(mapped):
+            if (rule.optional or exists) and not has_param(mapped):
                 continue
             expert_id = int(m.group(rule.expert)) if rule.expert else None
-            return Target(mapped, rule.shard, expert_id, rule.transform or transform)
-        return Target(name, transform=transform)
+            return Target(mapped, rule.shard, expert_id, rule.transform or transform,
+                          rule.fused_shared)
+        return None
+
+    def is_unused(self, ckpt_name: str, mtp_layers: Sequence[int]) -> bool:
+        """A checkpoint tensor outside the drafter's MTP layers (the target's, or a layer this
+        config does not use). vLLM's loader skips shards holding only such tensors when a model
+        answers ``is_unused_checkpoint_weight``."""
+        return self.mtp_layer(ckpt_name) not in mtp_layers
 
     def _expand_layer(self, replacement: str, name: str) -> str:
         layer = self.mtp_layer(name)
@@ -144,12 +175,14 @@ def _shape(t) -> tuple[int, ...]:
 
 @dataclasses.dataclass
 class LoadReport:
-    """What a load did: parameter names loaded, checkpoint tensors per MTP layer, skipped tensors."""
+    """What a load did: parameter names loaded, checkpoint tensors per MTP layer, skipped tensors
+    (shared with the target, or quantization extras the drafter has no parameter for)."""
 
     loaded: set[str] = dataclasses.field(default_factory=set)
     shards: dict[str, set] = dataclasses.field(default_factory=dict)
     tensors_per_layer: dict[int, int] = dataclasses.field(default_factory=dict)
     shared_skipped: list[str] = dataclasses.field(default_factory=list)
+    extras_skipped: list[str] = dataclasses.field(default_factory=list)
 
 
 def load_mtp_weights(
@@ -163,6 +196,8 @@ def load_mtp_weights(
 ) -> set[str]:
     """Load the MTP tensors of ``weights`` into ``params``; prove every parameter got its data.
 
+    ``num_experts``: routed experts per MoE layer (``n_routed_experts``). A rank is complete when
+    it has the experts it holds (``weights.experts``: expert parallelism, fused shared experts).
     ``checkpoint_hint(layer, report)`` may explain a wrong drafter format before the generic
     "missing tensors" error (V4 uses it to recognise DSpark drafters). Inside vLLM's
     ``disable_mtp_completeness_check()`` (weight sync loads one chunk at a time) the completeness
@@ -183,6 +218,14 @@ def load_mtp_weights(
         if target is None:
             report.shared_skipped.append(ckpt_name)
             continue
+        if target.param not in params:
+            target = weight_map.fallback(ckpt_name, params.__contains__) or target
+        if target.param not in params:
+            extra = quantization_extra(target.param, params)
+            if extra is None:
+                report.extras_skipped.append(ckpt_name)
+                continue
+            target = dataclasses.replace(target, param=extra)
         param = params.get(target.param)
         if param is None:
             raise CheckpointError(
@@ -192,14 +235,37 @@ def load_mtp_weights(
                 "match its config.json (check num_nextn_predict_layers, n_routed_experts, "
                 "q_lora_rank), or it is not a DeepSeek MTP drafter."
             )
-        _load_one(param, tensor, target, ckpt_name, model_dir, default_weight_loader)
+        for piece, into in _fan_out_fused_shared(target, tensor, param, ckpt_name, num_experts,
+                                                 model_dir):
+            _load_one(param, piece, into, ckpt_name, model_dir, default_weight_loader)
+            if into.shard is not None:
+                report.shards.setdefault(into.param, set()).add((into.shard, into.expert_id))
         report.loaded.add(target.param)
-        if target.shard is not None:
-            report.shards.setdefault(target.param, set()).add((target.shard, target.expert_id))
     if mtp_completeness_check_enabled():
         _check_complete(weight_map, params, report, mtp_layers, model_dir, checkpoint_hint,
                         num_experts)
     return report.loaded
+
+
+def _fan_out_fused_shared(target: Target, tensor, param, ckpt_name, num_experts, model_dir):
+    """``(tensor, target)`` pairs to load: the tensor itself, or, for shared experts fused into
+    the routed experts' tensors, one equal slice per shared expert into slots
+    ``num_experts + j`` (gate/up split along dim 0, down along dim 1, as vLLM's DeepSeek loaders)."""
+    if not target.fused_shared:
+        return [(tensor, target)]
+    count = fused_shared_experts(param)
+    if count == 0:
+        raise CheckpointError(
+            f"{tensor_file(model_dir, ckpt_name)}: tensor '{ckpt_name}' holds the layer's shared "
+            f"experts, but the MTP layer has no shared-expert MLP and no fused shared-expert slots "
+            f"in '{target.param}': config.json's n_shared_experts disagrees with the checkpoint "
+            "(set n_shared_experts, or re-export the MTP layer).")
+    dim = 1 if target.shard == "w2" and tensor.ndim > 1 else 0
+    if tensor.shape[dim] % count:
+        raise _shape_error(ckpt_name, tensor, param, target, model_dir,
+                           f"dim {dim} does not split into {count} shared experts")
+    return [(chunk, dataclasses.replace(target, expert_id=num_experts + j))
+            for j, chunk in enumerate(tensor.chunk(count, dim))]
 
 
 def _load_one(param, tensor, target: Target, ckpt_name, model_dir, default_loader) -> None:
@@ -238,8 +304,9 @@ def _layer_of_param(param_name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _missing_shards(report: LoadReport, num_experts: int) -> list[str]:
-    """Stacked parameters that got some shards but not all (e.g. ``gate_proj`` without ``up_proj``)."""
+def _missing_shards(report: LoadReport, params, num_experts: int) -> list[str]:
+    """Stacked parameters that got some shards but not all (e.g. ``gate_proj`` without ``up_proj``),
+    and fused-MoE parameters missing an expert this rank holds (``weights.experts``)."""
     missing = []
     for param, seen in report.shards.items():
         experts = {e for _, e in seen}
@@ -247,7 +314,7 @@ def _missing_shards(report: LoadReport, num_experts: int) -> list[str]:
             expected = {(0, None), (1, None)}
         else:
             kinds = {"w2"} if {s for s, _ in seen} == {"w2"} else {"w1", "w3"}
-            expected = {(k, e) for k in kinds for e in range(num_experts)}
+            expected = {(k, e) for k in kinds for e in local_experts(params[param], num_experts)}
         for shard, expert in sorted(expected - seen, key=str):
             missing.append(f"{param} [{'expert ' + str(expert) + ' ' if expert is not None else ''}"
                            f"shard {shard}]")
@@ -268,9 +335,10 @@ def _check_complete(weight_map, params, report: LoadReport, mtp_layers, model_di
         if hint is not None and (message := hint(layer, report)):
             raise CheckpointError(message)
     missing = sorted(
-        weight_map.checkpoint_name(name) for name in params
+        weight_map.checkpoint_name(name) for name, param in params.items()
         if name not in report.loaded and _layer_of_param(name) in set(mtp_layers)
-    ) + _missing_shards(report, num_experts)
+        and not needs_no_tensor(name, param)
+    ) + _missing_shards(report, params, num_experts)
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise CheckpointError(

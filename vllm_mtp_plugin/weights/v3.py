@@ -7,7 +7,7 @@ import regex as re
 from .rules import Rule, WeightMap, expert_rules
 
 # The MTP layer's own tensors besides its decoder block.
-V3_OWN_TENSORS = ("enorm", "hnorm", "eh_proj", "shared_head.norm")
+V3_OWN_TENSORS = ("enorm", "hnorm", "eh_proj", "shared_head.norm", "rot")
 
 
 def v3_weight_map(expert_params: dict[str, str]) -> WeightMap:
@@ -33,4 +33,16 @@ def v3_weight_map(expert_params: dict[str, str]) -> WeightMap:
             Rule(r"\.q_a_proj\.", ".fused_qkv_a_proj.", 0, optional=True),
             Rule(r"\.kv_a_proj_with_mqa\.", ".fused_qkv_a_proj.", 1, optional=True),
         ),
+        fallbacks=fused_shared_expert_rules(expert_params),
+    )
+
+
+def fused_shared_expert_rules(expert_params: dict[str, str]) -> tuple[Rule, ...]:
+    """``mlp.shared_experts.*`` when vLLM built no shared-expert MLP: the expert slots after the
+    routed ones of the fused-MoE tensors (ROCm AITER fused shared experts, ``weights.experts``),
+    where vLLM's own ``DeepSeekMTP`` loads them."""
+    return tuple(
+        Rule(rf"\.mlp\.shared_experts\.{proj}\.", f".mlp.{expert_params[proj]}", shard,
+             fused_shared=True)
+        for proj, shard in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2"))
     )
