@@ -3,7 +3,9 @@
 ``register()`` is the ``vllm.general_plugins`` entry point. vLLM calls it once in every process it
 starts (API server, engine core, workers, short inspection subprocesses), so it only hands the model
 registry lazy ``"module:Class"`` strings and applies the small patches in ``patches.py`` (to vLLM
-modules that are already imported by then): no model code is imported here.
+modules that are already imported by then): no model code is imported here. Which architectures
+it keeps when a platform plugin registers the same names is decided in ``precedence.py``
+(``MTP_PLUGIN=auto|on|off``), whatever the order vLLM loads the plugins in.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ _registered = False
 
 
 def register() -> None:
-    """Point vLLM's MTP architectures at this package. Idempotent; logs once per process.
+    """Point vLLM's MTP architectures at this package where ``precedence`` says so. Idempotent;
+    logs once per process.
 
     Never raises: vLLM calls this for every model in every process, so a failure here is logged as
     a warning and vLLM goes on with its own classes.
@@ -31,12 +34,10 @@ def register() -> None:
 
     logger = logging.getLogger("vllm.vllm_mtp_plugin")
     try:
-        from vllm import ModelRegistry
-
+        from . import precedence
         from .patches import apply_register_patches
 
-        for arch, target in ARCHITECTURES.items():
-            ModelRegistry.register_model(arch, target)
+        outcome = precedence.apply(ARCHITECTURES)
         apply_register_patches()
     except Exception as exc:  # noqa: BLE001 - a plugin must not take vLLM down
         logger.warning("vllm-mtp-plugin %s not registered (%s: %s); vLLM's own MTP classes serve.",
@@ -44,4 +45,5 @@ def register() -> None:
         return
     if not _registered:
         _registered = True
-        logger.info("vllm-mtp-plugin %s serves %s", __version__, ", ".join(ARCHITECTURES))
+        served = [arch for arch, how in outcome.items() if how == "ours"]
+        logger.info("vllm-mtp-plugin %s serves %s", __version__, ", ".join(served) or "nothing")

@@ -8,6 +8,9 @@ fixes, how to see the problem, when it can go.
   imports its CPU V4 attention module.
 * ``patch_cli_version_lookup``: applied by the ``vllm-mtp`` command only (never inside vLLM).
 * ``import_v4_module``: used while building the V4 drafter on out-of-tree platforms.
+* ``precedence.keep_claimed_architectures`` (in ``precedence.py``, with the rule it serves):
+  applied by ``register()``; keeps this plugin's architectures when another general plugin
+  registers the same names later during plugin loading.
 """
 
 from __future__ import annotations

@@ -110,6 +110,23 @@ def deepseek_v4_block_qualname() -> str:
     return f"{V4_BLOCK_MODULES[family]}:DeepseekV4DecoderLayer"
 
 
+def v4_block_missing() -> str | None:
+    """Why no DeepSeek-V4 decoder block can be built on this platform (``None`` when one can).
+
+    Checked without importing the block: an out-of-tree platform must name one
+    (``deepseek_v4_decoder_layer``; vllm-ascend's NPU platform names none, its V4 drafter is its
+    own class), an in-tree one must ship its module.
+    """
+    try:
+        deepseek_v4_block_qualname()
+    except NotImplementedError as exc:
+        from vllm.platforms import current_platform
+
+        return (f"no DeepSeek-V4 decoder block for {type(current_platform).__name__}: "
+                f"{str(exc).partition(': ')[2] or exc}")
+    return None
+
+
 def v4_module_exists(module_name: str) -> bool:
     """Whether ``vllm.models.deepseek_v4.<...>`` is there, without running the package ``__init__``
     (which imports a platform implementation)."""

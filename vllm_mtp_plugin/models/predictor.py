@@ -5,11 +5,20 @@ The variants (V3: ``eh_proj`` over ``cat(enorm(e), hnorm(h))``; V4: ``e_proj``/`
 ``weight_map`` and inherits the rest: layers keyed by absolute index, step -> layer, the
 target-shared embedding and head, and ``load_weights`` with its completeness checks.
 
-Memory: the draft allocates no vocab-sized matrix. vLLM's proposer treats a drafter without
-``has_own_embed_tokens``/``has_own_lm_head`` as MTP and, after loading, attaches the target's
-``embed_tokens`` as ``self.model.embed_tokens`` and its ``lm_head`` as ``self.lm_head``
-(``v1/spec_decode/llm_base_proposer.py``); the in-tree class allocates, loads and then drops its own
-copies of both.
+Memory: the draft allocates no vocab-sized matrix; the host attaches the target's embedding and
+head after loading, and the in-tree class instead allocates, loads and then drops its own copies.
+Hosts attach the head in three ways, all served (``has_own_lm_head = False`` says "share mine"):
+
+* vLLM's V1 proposer (``v1/spec_decode/llm_base_proposer.py: _maybe_share_lm_head``) sets
+  ``self.lm_head`` and replaces every layer's ``shared_head.head``;
+* vLLM's Model Runner V2 (``v1/worker/gpu/spec_decode/eagle/utils.py: load_eagle_model``) does the
+  same through ``_should_share``;
+* vllm-ascend's proposer (``vllm_ascend/spec_decode/llm_base_proposer.py: _maybe_share_lm_head``,
+  MTP branch) assigns ``layer.shared_head.head`` only and never sets ``self.lm_head``.
+
+``compute_logits`` uses whatever was attached: the step's ``shared_head.head``, else ``lm_head``.
+The embedding is attached as ``self.model.embed_tokens`` by all three, except with pipeline
+parallelism (vLLM) or for V4 (vllm-ascend); the first is refused at construction.
 """
 
 
@@ -40,12 +49,57 @@ def draft_hf_config(vllm_config: VllmConfig):
     return spec.draft_model_config.hf_config
 
 
+class UnattachedHead(nn.Module):
+    """The empty ``shared_head.head`` slot: no weights until a host attaches the target's head.
+
+    A host that compares the slot's ``weight`` with the target's before attaching (vllm-ascend
+    releases whose proposer ignores ``has_own_lm_head``) gets an AttributeError saying why.
+    """
+
+    def __getattr__(self, name: str):
+        if name == "weight":
+            raise AttributeError(
+                "vllm-mtp-plugin's MTP drafter keeps no copy of the output head "
+                "(shared_head.head is empty until the host attaches the target's lm_head; it says "
+                "so with has_own_lm_head = False). This host compares the copy before sharing: "
+                "set MTP_PLUGIN=off to draft with the platform's own MTP class."
+            )
+        return super().__getattr__(name)
+
+
+def refuse_pipeline_parallelism(vllm_config: VllmConfig) -> None:
+    """Stop at start-up under pipeline parallelism, not at the first request.
+
+    vLLM's proposers share the target's embedding and head only when the pipeline has one stage
+    (``get_pp_group().world_size == 1``; the draft then runs on the last stage, away from the
+    target's embedding), and expect a drafter that loads its own copies there. This one keeps none.
+    """
+    stages = getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1)
+    if stages > 1:
+        raise NotImplementedError(
+            f"vllm-mtp-plugin's DeepSeek MTP drafter does not run with pipeline parallelism "
+            f"(pipeline_parallel_size={stages}): vLLM shares the target's embedding and head with "
+            "a drafter only on a single pipeline stage, and this drafter keeps no copy of its own. "
+            "Serve with --pipeline-parallel-size 1 (tensor parallelism works), or set "
+            "MTP_PLUGIN=off to draft with vLLM's own class, which loads its own copies."
+        )
+
+
 class SharedHeadNorm(nn.Module):
-    """``shared_head.norm`` of the checkpoint. The head itself is the target's ``lm_head``."""
+    """``shared_head`` of the checkpoint: its ``norm``, and a ``head`` slot for the target's head.
+
+    ``head`` stays an ``UnattachedHead`` (no parameters) until a host assigns the target's
+    ``lm_head`` to it; the checkpoint's copy of the head is never loaded.
+    """
 
     def __init__(self, hidden_size: int, eps: float):
         super().__init__()
         self.norm = RMSNorm(hidden_size, eps=eps)
+        self.head: nn.Module = UnattachedHead()
+
+    def attached_head(self) -> nn.Module | None:
+        head = getattr(self, "head", None)
+        return None if head is None or isinstance(head, UnattachedHead) else head
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.norm(hidden_states)
@@ -86,9 +140,9 @@ class MTPLayerStack(nn.Module):
         embed = getattr(self, "embed_tokens", None)
         if embed is None:
             raise RuntimeError(
-                "the MTP drafter has no embedding yet: vLLM's proposer attaches the target's "
-                "embedding after loading, and this vLLM did not (pipeline parallelism is not "
-                "supported by vllm-mtp-plugin; set VLLM_PLUGINS='' to use vLLM's in-tree class)."
+                "the MTP drafter has no embedding: the host attaches the target's embedding after "
+                "loading, and this one did not (vllm-ascend does not for DeepSeek-V4). Set "
+                "MTP_PLUGIN=off to draft with the platform's own MTP class."
             )
         return embed
 
@@ -103,9 +157,14 @@ class DeepSeekMultiTokenPredictor(nn.Module):
 
     layer_cls: type[nn.Module]
     variant: str
+    # Read by every host: share the target's head (vLLM V1 and V2 also replace each layer's
+    # shared_head.head; vllm-ascend skips its weight comparison). No has_own_embed_tokens on
+    # purpose: V1 then treats the drafter as MTP and attaches the embedding without comparing.
+    has_own_lm_head = False
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
+        refuse_pipeline_parallelism(vllm_config)
         self.config = draft_hf_config(vllm_config)
         self.vllm_config = vllm_config
         self.model = MTPLayerStack(vllm_config, self.layer_cls, prefix=maybe_prefix(prefix, "model"))
@@ -133,14 +192,17 @@ class DeepSeekMultiTokenPredictor(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0):
         layer = self.model.layer_for_step(spec_step_idx)
-        return self.logits_processor(self.shared_lm_head(), layer.logits_input(hidden_states))
+        return self.logits_processor(self.shared_lm_head(layer), layer.logits_input(hidden_states))
 
-    def shared_lm_head(self) -> nn.Module:
-        head = getattr(self, "lm_head", None)
+    def shared_lm_head(self, layer: nn.Module) -> nn.Module:
+        """The head a host attached: ``layer.shared_head.head`` (vllm-ascend sets only that),
+        else ``self.lm_head``."""
+        head = layer.shared_head.attached_head() or getattr(self, "lm_head", None)
         if head is None:
             raise RuntimeError(
-                "the MTP drafter has no lm_head yet: vLLM's proposer attaches the target's head "
-                "after loading, and this vLLM did not."
+                "the MTP drafter has no output head: the host attaches the target's lm_head (as "
+                "lm_head or shared_head.head) after loading, and this one did not. Set "
+                "MTP_PLUGIN=off to draft with the platform's own MTP class."
             )
         return head
 

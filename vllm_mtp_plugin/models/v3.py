@@ -3,9 +3,16 @@
 Per layer: ``x = eh_proj(cat(enorm(e), hnorm(h)))`` (embedding first, as the released weights
 expect), one vLLM DeepSeek decoder block (MLA + MoE, tensor-parallel because it is vLLM's), and
 ``shared_head.norm`` before the target's head.
+
+Rotation-quantised checkpoints (Ascend's modelslim with ``"is_rot_used": true``) store one
+``rot.weight`` ``[hidden, hidden]`` at the top level; the target's hidden states live in the
+rotated basis, and vllm-ascend's ``AscendDeepSeekMTP`` (``vllm_ascend/models/deepseek_mtp.py``,
+lines 19-21 and 32-33 at 182b75ea84) applies ``rot`` (a bias-free linear) to the hidden states at
+every draft step before vLLM's MTP forward; it loads it as ``model.layers.{L}.rot.weight``
+(lines 40-43). This class does the same when the quantisation config says so or the checkpoint
+holds ``rot.weight``.
 """
 
-from __future__ import annotations
 
 import torch
 from torch import nn
@@ -21,6 +28,9 @@ from vllm.model_executor.models.deepseek_v2 import (
     DeepseekV2MoE,
 )
 
+from vllm.model_executor.models.utils import maybe_prefix
+from vllm.sequence import IntermediateTensors
+
 from ..platform import fused_moe_expert_params
 from ..weights.rules import WeightMap
 from ..weights.v3 import v3_weight_map
@@ -33,6 +43,43 @@ def uses_sparse_attention(config) -> bool:
     """A DeepSeek-V3.2 / GLM-5 (DSA) config: its MLA has an indexer. vLLM's own MTP class tests
     the same attribute to build the indexer's ``topk_indices_buffer``, which this layer does not."""
     return hasattr(config, "index_topk")
+
+
+ROTATION_WEIGHT = "rot.weight"
+
+
+def uses_rotation(vllm_config: VllmConfig) -> bool:
+    """A rotation-quantised checkpoint: modelslim's ``is_rot_used`` (vllm-ascend's own test,
+    ``vllm_ascend/utils.py: is_rot_weight_used``), or a top-level ``rot.weight`` in the files."""
+    description = getattr(vllm_config.quant_config, "quant_description", None) or {}
+    if isinstance(description, dict) and description.get("is_rot_used"):
+        return True
+    model_dir = getattr(vllm_config.speculative_config.draft_model_config, "model", None)
+    return ROTATION_WEIGHT in checkpoint_tensor_names(model_dir)
+
+
+def checkpoint_tensor_names(model_dir: str | None) -> set[str]:
+    """Tensor names of a local checkpoint, from its shard index or the file headers."""
+    import json
+    from pathlib import Path
+
+    from ..weights.headers import UnreadableHeader, read_header
+
+    if not model_dir or not Path(model_dir).is_dir():
+        return set()
+    index = Path(model_dir) / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            return set(json.loads(index.read_text())["weight_map"])
+        except (ValueError, KeyError, TypeError):
+            return set()  # the loader reports an unreadable index itself
+    names = set()
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        try:
+            names.update(read_header(path))
+        except UnreadableHeader:
+            continue  # the loader names unreadable files
+    return names
 
 
 class DeepSeekV3MTPLayer(nn.Module):
@@ -103,6 +150,36 @@ class DeepSeekMTP(DeepSeekMultiTokenPredictor, DeepseekV2MixtureOfExperts):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self._set_moe_parameters()
+        if uses_rotation(vllm_config):
+            hidden = self.config.hidden_size
+            first = self.model.layers[str(self.model.mtp_start_layer_idx)]
+            first.rot = ReplicatedLinear(hidden, hidden, bias=False, return_bias=False,
+                                         prefix=maybe_prefix(prefix, f"model.layers.{self.model.mtp_start_layer_idx}.rot"))
+
+    @property
+    def rotation(self) -> nn.Module | None:
+        """The checkpoint's ``rot`` (kept on the first MTP layer, as its name is loaded)."""
+        return getattr(self.model.layers[str(self.model.mtp_start_layer_idx)], "rot", None)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        spec_step_idx: int = 0,
+    ) -> torch.Tensor:
+        if self.rotation is not None:
+            hidden_states = self.rotation(hidden_states)
+        return super().forward(input_ids, positions, hidden_states, intermediate_tensors,
+                               inputs_embeds, spec_step_idx)
+
+    def load_weights(self, weights):
+        """The checkpoint's top-level ``rot.weight`` goes to the first MTP layer's ``rot``."""
+        rot_name = f"model.layers.{self.model.mtp_start_layer_idx}.{ROTATION_WEIGHT}"
+        return super().load_weights(
+            (rot_name if name == ROTATION_WEIGHT else name, tensor) for name, tensor in weights)
 
     def weight_map(self) -> WeightMap:
         return v3_weight_map(fused_moe_expert_params())

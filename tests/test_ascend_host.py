@@ -1,0 +1,210 @@
+"""The V3 drafter under every host's way of attaching the target's head and embedding, with no
+vocab-sized matrix of its own; rotation-quantised checkpoints; pipeline parallelism refused early.
+
+Hosts: vLLM's V1 proposer and Model Runner V2's ``load_eagle_model`` run with their real code;
+vllm-ascend's proposer cannot be imported here (it needs torch_npu), so its attach logic is
+reproduced line for line below, with the file and lines it comes from.
+"""
+
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+VOCAB = 2048
+
+
+@pytest.fixture(scope="module")
+def rotated_checkpoint(checkpoints, tmp_path_factory):
+    """The tiny oracle V3 checkpoint plus a top-level ``rot.weight`` [hidden, hidden], as
+    modelslim's rotation-quantised exports store it."""
+    source = checkpoints("oracle")
+    out = tmp_path_factory.mktemp("rotated")
+    shutil.copytree(source, out, dirs_exist_ok=True)
+    tensors = load_file(str(out / "model.safetensors"))
+    hidden = tensors["model.embed_tokens.weight"].shape[1]
+    rot, _ = torch.linalg.qr(torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(3)))
+    tensors["rot.weight"] = rot.contiguous()
+    save_file(tensors, str(out / "model.safetensors"))
+    return out, tensors
+
+
+def v3_config(model_dir, pipeline_parallel_size: int = 1):
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(
+        model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=512,
+        distributed_executor_backend="uni",
+        speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+    ).create_engine_config()
+    config.parallel_config.pipeline_parallel_size = pipeline_parallel_size
+    return config
+
+
+@pytest.fixture(scope="module")
+def world(rotated_checkpoint):
+    from v4_support.harness import single_process_vllm
+
+    model_dir, tensors = rotated_checkpoint
+    with single_process_vllm(v3_config(model_dir)) as vllm_config:
+        yield vllm_config, tensors
+
+
+def build(vllm_config, tensors):
+    """Our drafter as vLLM's loader builds and loads it."""
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    from vllm_mtp_plugin.models.v3 import DeepSeekMTP
+
+    vllm_config.compilation_config.static_forward_context.clear()
+    with set_default_torch_dtype(torch.float32):
+        drafter = DeepSeekMTP(vllm_config=vllm_config, prefix="")
+    drafter.load_weights(iter(tensors.items()))
+    process_weights_after_loading(drafter, vllm_config.model_config, torch.device("cpu"))
+    return drafter
+
+
+def target_parts(tensors):
+    """A target with the checkpoint's embedding and lm_head (vLLM's parallel layers)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
+
+    vocab, hidden = tensors["model.embed_tokens.weight"].shape
+    embed, head = VocabParallelEmbedding(vocab, hidden), ParallelLMHead(vocab, hidden)
+    embed.weight.data.copy_(tensors["model.embed_tokens.weight"])
+    head.weight.data.copy_(tensors["lm_head.weight"])
+    head.quant_method.process_weights_after_loading(head)  # as the target's loader did
+    target = nn.Module()
+    target.model, target.lm_head = nn.Module(), head
+    target.model.embed_tokens = embed
+    return target
+
+
+def expected_logits(tensors, hidden, layer):
+    norm_w = tensors[f"model.layers.{layer}.shared_head.norm.weight"]
+    normed = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_w
+    return normed @ tensors[f"model.layers.{layer}.shared_head.head.weight"].T
+
+
+def ascend_share(proposer, target, compare_first: bool) -> None:
+    """vllm-ascend's MTP branch (``vllm_ascend/spec_decode/llm_base_proposer.py`` at 182b75ea84,
+    2026-08-22; the same in tag v0.23.0, lines 490-493): PP == 1, ``share_embeddings = not
+    self.use_compress`` (lines 416-428: ``del`` then assign ``model.model.embed_tokens``), then
+    for DeepSeek MLA targets (lines 475-478)::
+
+        for _, layer_module in self.model.model.layers.items():
+            if torch.equal(layer_module.shared_head.head.weight, model.lm_head.weight):
+                layer_module.shared_head.head = model.lm_head
+
+    ``self.model.lm_head`` is set for eagle/dflash/dspark only (lines 439-466), never for MTP.
+    ``compare_first=False`` is the variant described for 0.30.0rc2 (the comparison skipped when the
+    drafter says ``has_own_lm_head = False``); that release's source was not available to read.
+    """
+    drafter = proposer.model
+    if hasattr(drafter.model, "embed_tokens"):
+        del drafter.model.embed_tokens
+    drafter.model.embed_tokens = target.model.embed_tokens
+    for _, layer_module in drafter.model.layers.items():
+        if not compare_first and not getattr(drafter, "has_own_lm_head", True):
+            layer_module.shared_head.head = target.lm_head
+        elif torch.equal(layer_module.shared_head.head.weight, target.lm_head.weight):
+            layer_module.shared_head.head = target.lm_head
+
+
+def check_attached(drafter, target, tensors, via_lm_head: bool):
+    assert drafter.model.embed_tokens is target.model.embed_tokens
+    assert (getattr(drafter, "lm_head", None) is target.lm_head) is via_lm_head
+    layer = drafter.model.mtp_start_layer_idx
+    assert drafter.model.layers[str(layer)].shared_head.head is target.lm_head
+    hidden = torch.randn(4, tensors["lm_head.weight"].shape[1],
+                         generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(drafter.compute_logits(hidden), expected_logits(tensors, hidden, layer),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_no_vocab_sized_matrix_and_an_empty_head_slot(world):
+    drafter = build(*world)
+    assert drafter.has_own_lm_head is False and not hasattr(drafter, "has_own_embed_tokens")
+    assert [n for n, p in drafter.named_parameters() if VOCAB in p.shape] == []
+    slot = drafter.model.layers["2"].shared_head.head
+    assert list(slot.parameters()) == [] and not hasattr(slot, "weight")
+    with pytest.raises(RuntimeError, match="the MTP drafter has no output head"):
+        drafter.compute_logits(torch.zeros(1, 256))
+
+
+def test_vllm_v1_proposer_attaches_head_and_embedding(world):
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    vllm_config, tensors = world
+    drafter, target = build(vllm_config, tensors), target_parts(tensors)
+    proposer = SimpleNamespace(model=drafter, vllm_config=vllm_config,
+                               use_local_argmax_reduction=False)
+    SpecDecodeBaseProposer._maybe_share_embeddings(proposer, target)
+    SpecDecodeBaseProposer._maybe_share_lm_head(proposer, target)
+    check_attached(drafter, target, tensors, via_lm_head=True)
+
+
+def test_model_runner_v2_load_eagle_model_attaches_head_and_embedding(world, monkeypatch):
+    from vllm.v1.worker.gpu.spec_decode.eagle import utils
+
+    vllm_config, tensors = world
+    drafter, target = build(vllm_config, tensors), target_parts(tensors)
+    monkeypatch.setattr(utils, "get_model", lambda **kwargs: drafter)  # vLLM built it: ours
+    assert utils.load_eagle_model(target, vllm_config) is drafter
+    check_attached(drafter, target, tensors, via_lm_head=True)
+
+
+def test_ascend_proposer_attaches_the_per_layer_head_only(world):
+    vllm_config, tensors = world
+    drafter, target = build(vllm_config, tensors), target_parts(tensors)
+    ascend_share(SimpleNamespace(model=drafter), target, compare_first=False)
+    check_attached(drafter, target, tensors, via_lm_head=False)
+
+
+def test_ascend_proposer_that_compares_first_gets_a_clear_error(world):
+    vllm_config, tensors = world
+    drafter, target = build(vllm_config, tensors), target_parts(tensors)
+    with pytest.raises(AttributeError, match="set MTP_PLUGIN=off"):
+        ascend_share(SimpleNamespace(model=drafter), target, compare_first=True)
+
+
+def test_rotation_weight_is_loaded_and_applied_at_every_step(world, monkeypatch):
+    """vllm-ascend's ``AscendDeepSeekMTP.forward`` (``vllm_ascend/models/deepseek_mtp.py`` lines
+    32-34 at 182b75ea84): ``hidden_states = self.rot(hidden_states)`` before vLLM's forward, on
+    every call."""
+    from vllm_mtp_plugin.models.predictor import DeepSeekMultiTokenPredictor
+
+    vllm_config, tensors = world
+    drafter = build(vllm_config, tensors)
+    assert drafter.rotation is drafter.model.layers["2"].rot  # loaded from the top-level name
+    seen = []
+    monkeypatch.setattr(DeepSeekMultiTokenPredictor, "forward",
+                        lambda self, ids, pos, hidden, *rest: seen.append(hidden) or hidden)
+    hidden = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
+    for step in (0, 1):
+        drafter.forward(torch.zeros(3, dtype=torch.long), torch.arange(3), hidden, None, None, step)
+    expected = hidden @ tensors["rot.weight"].T  # the checkpoint's rotation reached the module
+    assert len(seen) == 2
+    for got in seen:
+        torch.testing.assert_close(got, expected)
+
+
+def test_pipeline_parallelism_is_refused_at_construction(world):
+    from vllm_mtp_plugin.models.v3 import DeepSeekMTP
+
+    vllm_config, _ = world
+    vllm_config.parallel_config.pipeline_parallel_size = 2
+    try:
+        with pytest.raises(NotImplementedError,
+                           match=r"pipeline_parallel_size=2\).*--pipeline-parallel-size 1.*"
+                                 r"MTP_PLUGIN=off"):
+            DeepSeekMTP(vllm_config=vllm_config, prefix="")
+    finally:
+        vllm_config.parallel_config.pipeline_parallel_size = 1

@@ -1,0 +1,160 @@
+"""Which class serves each MTP architecture when a platform plugin registers the same names.
+
+vLLM loads ``vllm.general_plugins`` entry points in discovery order (``sys.path``, then the directory
+listing order inside site-packages; ``VLLM_PLUGINS`` only filters by name), and
+``ModelRegistry.register_model`` lets the last call win without a word. vllm-ascend registers its
+own ``DeepSeekMTPModel``/``DeepseekV32MTPModel``/``DeepSeekV4MTPModel`` that way
+(``vllm_ascend/models/__init__.py``), so which drafter served used to depend on the file system.
+
+The rule here does not depend on the order:
+
+* ``MTP_PLUGIN=auto`` (default): this plugin's class for every architecture it can build on
+  the platform at hand; for the others (today: DeepSeek-V4 on a platform that names no V4 decoder
+  block, ``platform.v4_block_missing``) the class a platform plugin registered, else vLLM's own,
+  with one warning line per process.
+* ``MTP_PLUGIN=on``: this plugin's class for every architecture.
+* ``MTP_PLUGIN=off``: none of this plugin's classes (its fixes to vLLM still apply).
+* The variable is not named ``VLLM_*``: vLLM warns about unknown ``VLLM_*`` variables and refuses
+  them with ``--fail-on-environ-validation`` (``Platform.validate_environ``).
+* vLLM's ``--model-class-overrides`` and any ``ModelRegistry.register_model`` call made outside
+  plugin loading pass through untouched: an explicit choice wins over this rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+MODE_VARIABLE = "MTP_PLUGIN"
+MODES = ("auto", "on", "off")
+
+logger = logging.getLogger("vllm.vllm_mtp_plugin")
+
+# Architecture -> "module:Class" this plugin keeps while vLLM loads the other general plugins.
+claimed: dict[str, str] = {}
+# Architecture -> what another plugin registered for it ("module:Class"), before or after us.
+others: dict[str, str] = {}
+_vllm_register_model = None
+_warned: set[str] = set()
+
+
+def mode() -> str:
+    """``MTP_PLUGIN`` (auto, on, off); anything else is reported once and read as auto."""
+    value = os.environ.get(MODE_VARIABLE, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        if "mode" not in _warned:
+            _warned.add("mode")
+            logger.warning("vllm-mtp-plugin: %s=%r is not one of %s; using auto.", MODE_VARIABLE,
+                           value, ", ".join(MODES))
+        return "auto"
+    return value
+
+
+def unsupported_reason(arch: str) -> str | None:
+    """Why this plugin's class for ``arch`` cannot run on this platform, or ``None``."""
+    if arch == "DeepSeekV4MTPModel":
+        from .platform import v4_block_missing
+
+        return v4_block_missing()
+    return None
+
+
+def qualname(model_cls) -> str:
+    if isinstance(model_cls, str):
+        return model_cls
+    return f"{getattr(model_cls, '__module__', '?')}:{getattr(model_cls, '__qualname__', model_cls)}"
+
+
+def registered_qualname(registry, arch: str) -> str | None:
+    """``module:Class`` of the registry's current entry for ``arch`` (lazy or imported)."""
+    entry = registry.models.get(arch)
+    if entry is None:
+        return None
+    if hasattr(entry, "module_name"):
+        return f"{entry.module_name}:{entry.class_name}"
+    return qualname(getattr(entry, "model_cls", entry))
+
+
+def in_tree_qualname(arch: str) -> str | None:
+    from vllm.model_executor.models import registry
+
+    known = registry._VLLM_MODELS.get(arch)
+    return f"{registry._resolve_module_name(known[0])}:{known[1]}" if known else None
+
+
+def apply(architectures: dict[str, str]) -> dict[str, str]:
+    """Register ours where the rule says so; returns ``arch -> "ours" | "left: <reason>"``."""
+    from vllm import ModelRegistry
+
+    chosen = mode()
+    outcome = {}
+    for arch, target in architectures.items():
+        current = registered_qualname(ModelRegistry, arch)
+        if current not in (None, target, in_tree_qualname(arch)):
+            others.setdefault(arch, current)  # a plugin discovered before this one
+        reason = ("MTP_PLUGIN=off" if chosen == "off"
+                  else None if chosen == "on" else unsupported_reason(arch))
+        if reason is None:
+            claimed[arch] = target
+            _vllm_register(ModelRegistry)(arch, target)
+            outcome[arch] = "ours"
+            continue
+        claimed.pop(arch, None)
+        if current == target:  # registered by an earlier call in this process
+            _vllm_register(ModelRegistry)(arch, others.get(arch) or in_tree_qualname(arch))
+        outcome[arch] = f"left: {reason}"
+        if arch not in _warned:
+            _warned.add(arch)
+            logger.warning(
+                "vllm-mtp-plugin: %s is served by the platform plugin's class, or vLLM's own where "
+                "none registers one, not by vllm-mtp-plugin (%s). Set %s=on to use ours anyway.",
+                arch, reason, MODE_VARIABLE)
+    if claimed:
+        keep_claimed_architectures(ModelRegistry)
+    return outcome
+
+
+def _vllm_register(registry):
+    """The ``register_model`` the guard below wraps (vLLM's own), or the current one."""
+    current = registry.register_model
+    return _vllm_register_model if current is register_model else current
+
+
+def keep_claimed_architectures(registry) -> None:
+    """Keep this plugin's claimed architectures when another general plugin registers them later.
+
+    What it fixes: the last ``register_model`` call wins, and plugins load in file-system order,
+    so a platform plugin discovered after this one (vllm-ascend 0.30 registers all three DeepSeek
+    MTP names) silently replaced our drafters. How to see it: install vllm-ascend and this plugin
+    and compare ``ModelRegistry.models["DeepSeekMTPModel"]`` with ``MTP_PLUGIN`` unset across
+    installs (``tests/test_precedence.py`` does it with a test-only rival plugin in both orders).
+    What it does: while vLLM runs ``load_general_plugins``, a registration of a claimed name is
+    recorded in ``others`` and dropped; every other call (other names, ``--model-class-overrides``,
+    user code) goes to vLLM unchanged. When it can go: when vLLM orders plugins or lets a model
+    plugin declare precedence.
+    """
+    global _vllm_register_model
+    if registry.register_model is not register_model:
+        _vllm_register_model = registry.register_model
+        registry.register_model = register_model
+
+
+def register_model(model_arch, model_cls) -> None:
+    """``ModelRegistry.register_model`` that keeps claimed names during plugin loading."""
+    if model_arch in claimed and _loading_general_plugins():
+        others[model_arch] = qualname(model_cls)
+        logger.debug("vllm-mtp-plugin keeps %s; %s registered by another plugin is not used",
+                     model_arch, others[model_arch])
+        return
+    _vllm_register_model(model_arch, model_cls)
+
+
+def _loading_general_plugins() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "load_general_plugins" and frame.f_globals.get("__name__") == "vllm.plugins":
+            return True
+        frame = frame.f_back
+    return False
