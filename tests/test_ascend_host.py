@@ -168,11 +168,39 @@ def test_ascend_proposer_attaches_the_per_layer_head_only(world):
     check_attached(drafter, target, tensors, via_lm_head=False)
 
 
-def test_ascend_proposer_that_compares_first_gets_a_clear_error(world):
+def test_ascend_proposer_that_compares_first_replaces_a_loaded_copy(world, monkeypatch):
+    """On the NPU platform the layer holds the checkpoint's head, so the comparison succeeds and
+    the host swaps in the target's head (the copy is then freed); elsewhere no copy is kept."""
+    from vllm_mtp_plugin.models import v3
+
+    vllm_config, tensors = world
+    monkeypatch.setattr(v3, "host_compares_head_copies", lambda: True)  # vllm-ascend's platform
+    drafter, target = build(vllm_config, tensors), target_parts(tensors)
+    copy = drafter.model.layers["2"].shared_head.head
+    assert [n for n, p in drafter.named_parameters() if VOCAB in p.shape] == [
+        "model.layers.2.shared_head.head.weight"]
+    torch.testing.assert_close(copy.weight, tensors["model.layers.2.shared_head.head.weight"],
+                               rtol=0, atol=0)
+    ascend_share(SimpleNamespace(model=drafter), target, compare_first=True)
+    check_attached(drafter, target, tensors, via_lm_head=False)
+    assert drafter.model.layers["2"].shared_head.head is not copy
+
+
+def test_a_host_that_compares_an_empty_slot_gets_a_clear_error(world):
     vllm_config, tensors = world
     drafter, target = build(vllm_config, tensors), target_parts(tensors)
     with pytest.raises(AttributeError, match="set MTP_PLUGIN=off"):
         ascend_share(SimpleNamespace(model=drafter), target, compare_first=True)
+
+
+def test_only_shards_with_the_mtp_layers_or_rot_are_read(world):
+    """``is_unused_checkpoint_weight`` lets vLLM's loader skip shards of target-only tensors."""
+    drafter = build(*world)
+    unused = drafter.is_unused_checkpoint_weight
+    assert not unused("rot.weight") and not unused("model.layers.2.enorm.weight")
+    assert not unused("model.layers.2.mlp.experts.3.up_proj.weight")
+    assert unused("model.layers.0.self_attn.kv_a_proj_with_mqa.weight")
+    assert unused("model.embed_tokens.weight") and unused("lm_head.weight")
 
 
 def test_rotation_weight_is_loaded_and_applied_at_every_step(world, monkeypatch):

@@ -23,6 +23,20 @@ def fused_moe_expert_params() -> dict[str, str]:
     return {weight_name.split(".")[2]: param for param, weight_name, _, _ in mapping}
 
 
+def host_compares_head_copies() -> bool:
+    """Whether this platform's proposer attaches the target's head to an MTP layer only after
+    comparing it with a copy the layer holds, so the drafter must load one.
+
+    vllm-ascend's proposer (the NPU platform; ``vllm_ascend/spec_decode/llm_base_proposer.py``
+    lines 475-478 at 182b75ea84, lines 490-493 in v0.23.0) runs, for every MTP layer,
+    ``if torch.equal(layer.shared_head.head.weight, model.lm_head.weight): layer.shared_head.head
+    = model.lm_head``. vLLM's own proposers (CUDA, ROCm, XPU, CPU) attach without comparing.
+    """
+    from vllm.platforms import current_platform
+
+    return getattr(current_platform, "device_type", None) == "npu"
+
+
 def mtp_completeness_check_enabled() -> bool:
     """Whether a load must bring every MTP tensor (vLLM's ``mtp_validation`` scope).
 

@@ -52,8 +52,9 @@ def draft_hf_config(vllm_config: VllmConfig):
 class UnattachedHead(nn.Module):
     """The empty ``shared_head.head`` slot: no weights until a host attaches the target's head.
 
-    A host that compares the slot's ``weight`` with the target's before attaching (vllm-ascend
-    releases whose proposer ignores ``has_own_lm_head``) gets an AttributeError saying why.
+    On a platform whose proposer compares a copy before attaching (vllm-ascend), the layer holds a
+    loaded copy instead (``SharedHeadNorm``); any other host that asks the empty slot for its
+    ``weight`` gets an AttributeError saying why.
     """
 
     def __getattr__(self, name: str):
@@ -89,13 +90,16 @@ class SharedHeadNorm(nn.Module):
     """``shared_head`` of the checkpoint: its ``norm``, and a ``head`` slot for the target's head.
 
     ``head`` stays an ``UnattachedHead`` (no parameters) until a host assigns the target's
-    ``lm_head`` to it; the checkpoint's copy of the head is never loaded.
+    ``lm_head`` to it; the checkpoint's copy of the head is not loaded. Only where the host
+    compares a copy with the target's head before attaching it (``platform.
+    host_compares_head_copies``) does the layer pass ``head_copy``, loaded from the checkpoint and
+    replaced (so freed) by the host, as vLLM's own class does everywhere.
     """
 
-    def __init__(self, hidden_size: int, eps: float):
+    def __init__(self, hidden_size: int, eps: float, head_copy: nn.Module | None = None):
         super().__init__()
         self.norm = RMSNorm(hidden_size, eps=eps)
-        self.head: nn.Module = UnattachedHead()
+        self.head: nn.Module = head_copy if head_copy is not None else UnattachedHead()
 
     def attached_head(self) -> nn.Module | None:
         head = getattr(self, "head", None)
@@ -235,14 +239,28 @@ class DeepSeekMultiTokenPredictor(nn.Module):
         dtype = self.vllm_config.model_config.dtype
         rows = -(-self.config.vocab_size // get_tensor_model_parallel_world_size())
         matrix = rows * self.config.hidden_size * torch.empty((), dtype=dtype).element_size()
-        saved = matrix * (1 + len(layers))
+        copies = sum(layer.shared_head.attached_head() is not None
+                     for layer in self.model.layers.values())
+        saved = matrix * (1 + len(layers) - copies)
+        kept = (f"; {copies} shared_head.head copy(ies) loaded for the host to compare and replace"
+                if copies else "")
         return (
             f"vllm-mtp-plugin {__version__}: {type(self).__name__} ({self.variant} MTP layer) serves "
             f"{arch}; MTP layer(s) {', '.join(map(str, layers))} loaded ({num_loaded} parameters); "
             f"the target's embedding and head are shared: {saved / 2**20:.1f} MiB not allocated "
-            f"(embed_tokens + {len(layers)} shared_head.head, {rows} x {self.config.hidden_size} "
-            f"{str(dtype).removeprefix('torch.')} each, this rank)"
+            f"(embed_tokens + {len(layers) - copies} shared_head.head, {rows} x {self.config.hidden_size} "
+            f"{str(dtype).removeprefix('torch.')} each, this rank){kept}"
         )
+
+    def is_unused_checkpoint_weight(self, name: str) -> bool:
+        """vLLM's loader does not read safetensors shards in which every tensor is unused
+        (``weight_utils.filter_safetensors_files_by_weight_name``): the drafter reads only the
+        shards that hold its MTP layers instead of the whole checkpoint again (vLLM's own V4
+        drafter does the same; its V3 drafter reads every shard)."""
+        if getattr(self, "_unused_filter", None) is None:
+            self._unused_filter = (self.weight_map(), tuple(self.model.layer_indices()))
+        weight_map, layers = self._unused_filter
+        return weight_map.is_unused(name, layers)
 
     def checkpoint_hint(self, layer: int, report) -> str | None:
         """A variant may recognise a checkpoint that stores another drafter format."""

@@ -22,6 +22,7 @@ from vllm.distributed import tensor_model_parallel_all_gather
 from vllm.logger import init_logger
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.models.deepseek_v2 import (
     DeepseekV2DecoderLayer,
     DeepseekV2MixtureOfExperts,
@@ -31,7 +32,7 @@ from vllm.model_executor.models.deepseek_v2 import (
 from vllm.model_executor.models.utils import maybe_prefix
 from vllm.sequence import IntermediateTensors
 
-from ..platform import fused_moe_expert_params
+from ..platform import fused_moe_expert_params, host_compares_head_copies
 from ..weights.rules import WeightMap
 from ..weights.v3 import v3_weight_map
 from .predictor import DeepSeekMultiTokenPredictor, SharedHeadNorm, draft_hf_config
@@ -96,7 +97,10 @@ class DeepSeekV3MTPLayer(nn.Module):
         self.eh_proj = ReplicatedLinear(
             2 * hidden, hidden, bias=False, return_bias=False, prefix=f"{prefix}.eh_proj"
         )
-        self.shared_head = SharedHeadNorm(hidden, eps)
+        head_copy = (ParallelLMHead(config.vocab_size, hidden, quant_config=vllm_config.quant_config,
+                                    prefix=f"{prefix}.shared_head.head")
+                     if host_compares_head_copies() else None)
+        self.shared_head = SharedHeadNorm(hidden, eps, head_copy)
         self.mtp_block = DeepseekV2DecoderLayer(vllm_config, prefix, config=config)
 
     def forward(
@@ -153,8 +157,9 @@ class DeepSeekMTP(DeepSeekMultiTokenPredictor, DeepseekV2MixtureOfExperts):
         if uses_rotation(vllm_config):
             hidden = self.config.hidden_size
             first = self.model.layers[str(self.model.mtp_start_layer_idx)]
-            first.rot = ReplicatedLinear(hidden, hidden, bias=False, return_bias=False,
-                                         prefix=maybe_prefix(prefix, f"model.layers.{self.model.mtp_start_layer_idx}.rot"))
+            first.rot = ReplicatedLinear(
+                hidden, hidden, bias=False, return_bias=False,
+                prefix=maybe_prefix(prefix, f"model.layers.{self.model.mtp_start_layer_idx}.rot"))
 
     @property
     def rotation(self) -> nn.Module | None:
@@ -181,8 +186,12 @@ class DeepSeekMTP(DeepSeekMultiTokenPredictor, DeepseekV2MixtureOfExperts):
         return super().load_weights(
             (rot_name if name == ROTATION_WEIGHT else name, tensor) for name, tensor in weights)
 
+    def is_unused_checkpoint_weight(self, name: str) -> bool:
+        """The top-level ``rot.weight`` is the drafter's too: its shard must be read."""
+        return name != ROTATION_WEIGHT and super().is_unused_checkpoint_weight(name)
+
     def weight_map(self) -> WeightMap:
-        return v3_weight_map(fused_moe_expert_params())
+        return v3_weight_map(fused_moe_expert_params(), head_copies=host_compares_head_copies())
 
     def _set_moe_parameters(self) -> None:
         """Expose the MoE layers to vLLM's expert-parallel load balancer (MixtureOfExperts)."""

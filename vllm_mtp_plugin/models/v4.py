@@ -160,14 +160,5 @@ class DeepSeekV4MTP(DeepSeekMultiTokenPredictor):
             num_heads=self.config.num_attention_heads,
         )
 
-    def is_unused_checkpoint_weight(self, name: str) -> bool:
-        """vLLM's loader does not read safetensors shards in which every tensor is unused
-        (``filter_safetensors_files_by_weight_name``): the drafter reads only its ``mtp.{j}.*``
-        tensors, so the target's shards are skipped, as for vLLM's own V4 drafter."""
-        if getattr(self, "_unused_filter", None) is None:
-            self._unused_filter = (self.weight_map(), tuple(self.model.layer_indices()))
-        weight_map, layers = self._unused_filter
-        return weight_map.is_unused(name, layers)
-
     def checkpoint_hint(self, layer: int, report) -> str | None:
         return dspark_hint(self.config.num_hidden_layers)(layer, report)

@@ -10,15 +10,19 @@ from .rules import Rule, WeightMap, expert_rules
 V3_OWN_TENSORS = ("enorm", "hnorm", "eh_proj", "shared_head.norm", "rot")
 
 
-def v3_weight_map(expert_params: dict[str, str]) -> WeightMap:
-    own = "|".join(re.escape(t) for t in V3_OWN_TENSORS)
+def v3_weight_map(expert_params: dict[str, str], head_copies: bool = False) -> WeightMap:
+    """``head_copies``: load each layer's ``shared_head.head`` (for hosts that compare it with the
+    target's head before sharing, ``platform.host_compares_head_copies``); otherwise not read."""
+    own_tensors = V3_OWN_TENSORS + (("shared_head.head",) if head_copies else ())
+    own = "|".join(re.escape(t) for t in own_tensors)
+    shared = "embed_tokens" if head_copies else "embed_tokens|shared_head\\.head"
     return WeightMap(
         name="deepseek_v3 (Hugging Face)",
         layer_index=r"model\.layers\.(?P<idx>\d+)\.",
         layer_offset=0,
         drop=(r"rotary_emb\.inv_freq$",),
         # The draft reads the target's embedding and head; the checkpoint's copies are not loaded.
-        shared=(r"^model\.layers\.\d+\.(embed_tokens|shared_head\.head)\.",),
+        shared=(rf"^model\.layers\.\d+\.({shared})\.",),
         to_checkpoint=((r"\.mtp_block\.", "."),),
         prefix_rules=(
             Rule(rf"^model\.layers\.(\d+)\.(?=({own})\.)", r"model.layers.\1."),
