@@ -11,6 +11,12 @@ Three modes decide what the MTP layers know:
   that the first-position acceptance is ``acceptance`` (measured on the real tensors, see
   ``calibrate_noise``).
 
+Every RMSNorm weight is a random gain (not 1) and every router's ``e_score_correction_bias`` random
+(not 0), so that a loader that swaps ``enorm``/``hnorm`` or drops the router bias computes something
+else than the real drafter. The oracle and noisy modes stay exact: ``eh_proj`` divides the enorm and
+hnorm gains out again, and the target's final norm shares its gain with every ``shared_head.norm``
+(the head rows divide it out), so the argmax the construction relies on does not move.
+
 The CPU MLA kernels need ``kv_lora_rank=512`` and ``qk_rope_head_dim=64``; every preset keeps them.
 """
 
@@ -26,6 +32,11 @@ from .tokenizer import SPECIAL_TOKENS, write_tokenizer
 
 MODES = ("random", "oracle", "noisy")
 RESIDUAL_SCALE = 0.02  # weight std of the projections that write into the residual stream (oracle)
+# RMSNorm weights are drawn uniformly from this range: far enough from 1 that a swapped norm shows.
+NORM_GAIN_RANGE = (0.5, 1.5)
+# Std of the router's e_score_correction_bias: comparable to the spread of the sigmoid scores, so
+# dropping it changes which experts a token picks.
+ROUTER_BIAS_STD = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,18 +141,23 @@ class _Init:
     def small(self, *shape: int) -> torch.Tensor:
         return self.normal(*shape, std=self.small_scale)
 
+    def gain(self, n: int) -> torch.Tensor:
+        """An RMSNorm weight: uniform in ``NORM_GAIN_RANGE``."""
+        lo, hi = NORM_GAIN_RANGE
+        return lo + (hi - lo) * torch.rand(n, generator=self.gen)
+
 
 def block_tensors(spec: TinySpec, prefix: str, moe: bool, init: _Init) -> dict[str, torch.Tensor]:
     """One DeepSeek decoder block (MLA attention + dense MLP or MoE) under HF names."""
     h, heads = spec.hidden_size, spec.num_attention_heads
     qk_head = spec.qk_nope_head_dim + spec.qk_rope_head_dim
     t = {
-        f"{prefix}.input_layernorm.weight": torch.ones(h),
-        f"{prefix}.post_attention_layernorm.weight": torch.ones(h),
+        f"{prefix}.input_layernorm.weight": init.gain(h),
+        f"{prefix}.post_attention_layernorm.weight": init.gain(h),
         f"{prefix}.self_attn.kv_a_proj_with_mqa.weight": init.normal(
             spec.kv_lora_rank + spec.qk_rope_head_dim, h
         ),
-        f"{prefix}.self_attn.kv_a_layernorm.weight": torch.ones(spec.kv_lora_rank),
+        f"{prefix}.self_attn.kv_a_layernorm.weight": init.gain(spec.kv_lora_rank),
         f"{prefix}.self_attn.kv_b_proj.weight": init.normal(
             heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank
         ),
@@ -149,7 +165,7 @@ def block_tensors(spec: TinySpec, prefix: str, moe: bool, init: _Init) -> dict[s
     }
     if spec.q_lora_rank:
         t[f"{prefix}.self_attn.q_a_proj.weight"] = init.normal(spec.q_lora_rank, h)
-        t[f"{prefix}.self_attn.q_a_layernorm.weight"] = torch.ones(spec.q_lora_rank)
+        t[f"{prefix}.self_attn.q_a_layernorm.weight"] = init.gain(spec.q_lora_rank)
         t[f"{prefix}.self_attn.q_b_proj.weight"] = init.normal(heads * qk_head, spec.q_lora_rank)
     else:
         t[f"{prefix}.self_attn.q_proj.weight"] = init.normal(heads * qk_head, h)
@@ -163,7 +179,8 @@ def block_tensors(spec: TinySpec, prefix: str, moe: bool, init: _Init) -> dict[s
         mlp(f"{prefix}.mlp", spec.intermediate_size)
         return t
     t[f"{prefix}.mlp.gate.weight"] = init.normal(spec.n_routed_experts, h)
-    t[f"{prefix}.mlp.gate.e_score_correction_bias"] = torch.zeros(spec.n_routed_experts)
+    t[f"{prefix}.mlp.gate.e_score_correction_bias"] = init.normal(spec.n_routed_experts,
+                                                                  std=ROUTER_BIAS_STD)
     for e in range(spec.n_routed_experts):
         mlp(f"{prefix}.mlp.experts.{e}", spec.moe_intermediate_size)
     if spec.n_shared_experts:
@@ -185,39 +202,54 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
-def oracle_embedding_and_head(spec: TinySpec, gen: torch.Generator):
-    """Embedding ``E`` and head ``W`` with ``argmax(W @ rms(E[t])) == succ[t]`` by a wide margin."""
+def oracle_embedding_and_head(spec: TinySpec, gen: torch.Generator,
+                              final_gain: torch.Tensor | None = None):
+    """Embedding ``E`` and head ``W`` with ``argmax(W @ (g * rms(E[t]))) == succ[t]`` by a wide margin.
+
+    ``g`` is ``final_gain`` (the final RMSNorm's weight; all ones if None): the head rows divide it
+    out, so the logit of the right token is ``rms(E[t]) . rms(E[t]) / sqrt(H)`` whatever the gain.
+    """
     n_special = len(SPECIAL_TOKENS)
     succ = successor_permutation(spec, gen)
     embed = torch.randn(spec.vocab_size, spec.hidden_size, generator=gen)
     embed[:n_special] = embed[n_special : 2 * n_special]  # specials behave like regular tokens
     head = torch.randn(spec.vocab_size, spec.hidden_size, generator=gen) * 0.01
     regular = torch.arange(n_special, spec.vocab_size)
-    head[succ[regular]] = _rms(embed[regular]) / spec.hidden_size**0.5
+    rows = _rms(embed[regular]) / spec.hidden_size**0.5
+    head[succ[regular]] = rows if final_gain is None else rows / final_gain
     return embed, head, succ
 
 
-def first_position_acceptance(embed, head, succ, mix: torch.Tensor, alpha: float) -> float:
-    """Fraction of tokens whose draft ``argmax(W rms(rms(E[t']) + alpha*mix rms(E[t])))`` is right.
+def first_position_acceptance(embed, head, succ, mix: torch.Tensor, alpha: float,
+                              final_gain: torch.Tensor | None = None) -> float:
+    """Fraction of tokens whose draft ``argmax(W (g * rms(x)))`` is right, where
+    ``x = rms(E[t']) + alpha * mix rms(h)`` and ``h = g * rms(E[t])`` is the target's final hidden
+    state (``g``: ``final_gain``, the target's final norm and every ``shared_head.norm``).
 
     Pairs are (t, t' = succ[t]): the target has just emitted t' after t, the drafter predicts
-    what comes after t'. Block residuals are small and ignored here.
+    what comes after t'. ``eh_proj`` divides the enorm/hnorm gains out; block residuals are small
+    and ignored here.
     """
+    gain = torch.ones(embed.shape[1]) if final_gain is None else final_gain
     tokens = torch.arange(len(SPECIAL_TOKENS), embed.shape[0])
     nxt = succ[tokens]
-    x = _rms(embed[nxt]) + alpha * _rms(embed[tokens]) @ mix.T
-    draft = (_rms(x) @ head.T).argmax(-1)
+    x = _rms(embed[nxt]) + alpha * _rms(gain * _rms(embed[tokens])) @ mix.T
+    draft = ((gain * _rms(x)) @ head.T).argmax(-1)
     return (draft == succ[nxt]).float().mean().item()
 
 
-def calibrate_noise(embed, head, succ, mix, target: float) -> float:
+def calibrate_noise(embed, head, succ, mix, target: float,
+                    final_gain: torch.Tensor | None = None) -> float:
     """Bisect ``alpha`` so that the first-position acceptance is ``target``."""
+    def acceptance(alpha: float) -> float:
+        return first_position_acceptance(embed, head, succ, mix, alpha, final_gain)
+
     lo, hi = 0.0, 1.0
-    while first_position_acceptance(embed, head, succ, mix, hi) > target and hi < 1e3:
+    while acceptance(hi) > target and hi < 1e3:
         hi *= 2
     for _ in range(40):
         mid = (lo + hi) / 2
-        if first_position_acceptance(embed, head, succ, mix, mid) > target:
+        if acceptance(mid) > target:
             lo = mid
         else:
             hi = mid
@@ -231,21 +263,29 @@ def build_tensors(spec: TinySpec, mode: str, seed: int, acceptance: float):
     gen = torch.Generator().manual_seed(seed)
     h = spec.hidden_size
     init = _Init(seed + 1, RESIDUAL_SCALE if mode != "random" else 0.02)
+    gains = _Init(seed + 2, 0.0)  # the final norm and the MTP layers' own norms
     meta: dict = {"mode": mode, "seed": seed}
+    final_gain = gains.gain(h)
+    mtp_gains = [(gains.gain(h), gains.gain(h)) for _ in range(spec.num_nextn_predict_layers)]
     if mode == "random":
         embed, head = init.normal(spec.vocab_size, h), init.normal(spec.vocab_size, h)
         eh_proj = init.normal(h, 2 * h)
+        eh_projs = [eh_proj.clone() for _ in mtp_gains]
+        head_gains = [gains.gain(h) for _ in mtp_gains]
     else:
-        embed, head, succ = oracle_embedding_and_head(spec, gen)
+        embed, head, succ = oracle_embedding_and_head(spec, gen, final_gain)
         mix = torch.randn(h, h, generator=gen) / h**0.5
         alpha = 0.0
         if mode == "noisy":
-            alpha = calibrate_noise(embed, head, succ, mix, acceptance)
+            alpha = calibrate_noise(embed, head, succ, mix, acceptance, final_gain)
         meta.update(alpha=alpha, expected_acceptance=first_position_acceptance(
-            embed, head, succ, mix, alpha))
-        eh_proj = torch.cat([torch.eye(h), alpha * mix], dim=1)
+            embed, head, succ, mix, alpha, final_gain))
+        # eh_proj(cat(g_e * rms(e), g_h * rms(h))) = rms(e) + alpha * mix @ rms(h): gains divided out.
+        eh_projs = [torch.cat([torch.diag(1 / g_e), alpha * mix / g_h], dim=1)
+                    for g_e, g_h in mtp_gains]
+        head_gains = [final_gain for _ in mtp_gains]  # what the target's head was built for
 
-    tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(h),
+    tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": final_gain,
                "lm_head.weight": head}
     for i in range(spec.num_hidden_layers):
         moe = i >= spec.first_k_dense_replace
@@ -254,10 +294,10 @@ def build_tensors(spec: TinySpec, mode: str, seed: int, acceptance: float):
         p = f"model.layers.{spec.num_hidden_layers + j}"
         tensors.update(block_tensors(spec, p, True, init))
         tensors.update({
-            f"{p}.enorm.weight": torch.ones(h),
-            f"{p}.hnorm.weight": torch.ones(h),
-            f"{p}.eh_proj.weight": eh_proj.clone(),
-            f"{p}.shared_head.norm.weight": torch.ones(h),
+            f"{p}.enorm.weight": mtp_gains[j][0].clone(),
+            f"{p}.hnorm.weight": mtp_gains[j][1].clone(),
+            f"{p}.eh_proj.weight": eh_projs[j],
+            f"{p}.shared_head.norm.weight": head_gains[j].clone(),
             f"{p}.shared_head.head.weight": head.clone(),
             f"{p}.embed_tokens.weight": embed.clone(),
         })
