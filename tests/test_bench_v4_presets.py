@@ -1,0 +1,42 @@
+"""The benchmark's DeepSeek-V4 presets: parsing, the checkpoint they build, how they are run."""
+
+import pytest
+
+from vllm_mtp_plugin.tools.bench import checkpoints
+from vllm_mtp_plugin.tools.bench.offline_mode import offline_config
+from vllm_mtp_plugin.tools.bench.serve_mode import serve_args, server_env
+from vllm_mtp_plugin.tools.bench.sweep import Sweep
+from vllm_mtp_plugin.tools.mrv2 import SWITCH, needs_interpreter
+
+
+def test_v4_preset_specs():
+    assert checkpoints.parse_spec("v4tiny:noisy:0.8") == ("v4tiny", "noisy", 0.8)
+    assert checkpoints.parse_spec("v4tiny:oracle") == ("v4tiny", "oracle", 0.7)
+    assert checkpoints.parse_spec("v4tiny") == ("v4tiny", "noisy", 0.7)
+    for bad, says in (("v4huge", "v4tiny"), ("v4tiny:perfect", "'perfect'"),
+                      ("v4tiny:noisy:1.5", "0..1")):
+        with pytest.raises(ValueError, match=says):
+            checkpoints.parse_spec(bad)
+
+
+def test_a_v4_preset_builds_a_bf16_v4_checkpoint_run_with_the_plugin_on_v2(tmp_path):
+    ckpt = checkpoints.resolve("v4tiny:noisy:0.8", tmp_path, log=lambda line: None)
+    assert ckpt.label == "v4tiny-noisy-0.8" and ckpt.variant == "v4"
+    assert ckpt.meta["mode"] == "noisy" and ckpt.meta["quantization"] is None
+    assert abs(ckpt.meta["expected_acceptance"] - 0.8) < 0.01 and ckpt.parameters > 0
+    assert checkpoints.resolve(str(ckpt.path)).variant == "v4"  # a directory: from config.json
+    assert ckpt.engine == {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",)}
+
+    sweep = Sweep(checkpoints=["v4tiny:noisy:0.8", "tiny"], ks=[0, 2],
+                  impls_for={"v4tiny:noisy:0.8": ckpt.engine["impls"]})
+    assert [(c.checkpoint, c.impl, c.k) for c in sweep.configs()] == [
+        ("v4tiny:noisy:0.8", "plugin", 0), ("v4tiny:noisy:0.8", "plugin", 2),
+        ("tiny", "plugin", 0), ("tiny", "plugin", 2), ("tiny", "in-tree", 0), ("tiny", "in-tree", 2)]
+    offline = offline_config(sweep, ckpt, sweep.configs()[1], ["Hello"])
+    assert (offline.runner, offline.llm_kwargs["dtype"], offline.impl) == ("v2", "bfloat16", "plugin")
+    args = serve_args(sweep, 2, ckpt.engine["dtype"])
+    assert args[args.index("--dtype") + 1] == "bfloat16"
+    env = server_env("plugin", ckpt.engine["runner"])
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert (env.get(SWITCH) == "1") == needs_interpreter()
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in server_env("plugin")  # V3 presets: vLLM's choice
