@@ -57,6 +57,10 @@ def test_every_patch_is_listed_in_the_readme():
                          for patch in patches.REGISTER_PATCHES)
     names += ["patch_cli_version_lookup", "import_v4_module"]
     assert [name for name in names if f"| `{name}` |" not in readme] == []
+    from vllm_mtp_plugin import precedence  # the one change to vLLM kept outside patches.py
+
+    assert callable(precedence.keep_claimed_architectures)
+    assert "| `keep_claimed_architectures` (`precedence.py`) |" in readme
 
 
 def test_one_header_reader_for_loader_inspect_and_preflight():

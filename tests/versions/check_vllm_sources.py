@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 
 import contracts as c  # noqa: E402
+import contracts_loading as cl  # noqa: E402
 import contracts_v4 as c4  # noqa: E402
 from plugin_imports import check_imports  # noqa: E402
 from source_facts import SourceTree  # noqa: E402
@@ -42,6 +43,10 @@ CHECKS = {
     "V4 attn_sink loading": c4.attn_sink_loading,
     "HCHeadOp": c4.hc_head_op,
     "CustomOp.register_oot": c4.register_oot,
+    "plugin precedence (load_general_plugins, registry)": cl.plugin_precedence,
+    "maybe_remap_kv_scale_name": cl.kv_scale_remap,
+    "loader: is_unused_checkpoint_weight": cl.unused_shard_skipping,
+    "EP: global -> local expert map": cl.ep_expert_map,
 }
 
 
