@@ -44,16 +44,17 @@ def test_tensor_of_the_wrong_shape(checkpoints, tmp_path):
 
 
 def test_a_tensor_the_layer_does_not_have_is_caught_by_the_loader(checkpoints, tmp_path):
-    """The start-up check looks for what is missing; the loader names what does not belong."""
+    """The start-up check looks for what is missing; the loader names what does not belong.
+    (An extra ``.bias`` is skipped instead, as vLLM's own loaders skip GPTQ's.)"""
     def add_unknown(t):
-        t["model.layers.2.self_attn.o_proj.bias"] = t["model.layers.2.enorm.weight"].clone()
+        t["model.layers.2.self_attn.o_gate.weight"] = t["model.layers.2.enorm.weight"].clone()
         return t
 
     model = derive(checkpoints("oracle"), tmp_path / "unknown-tensor", add_unknown)
     message = load_error(model)
     assert (f"CheckpointError: {model}/model.safetensors: tensor "
-            "'model.layers.2.self_attn.o_proj.bias' (shape [256]) maps to parameter "
-            "'model.layers.2.mtp_block.self_attn.o_proj.bias', which the deepseek_v3 (Hugging "
+            "'model.layers.2.self_attn.o_gate.weight' (shape [256]) maps to parameter "
+            "'model.layers.2.mtp_block.self_attn.o_gate.weight', which the deepseek_v3 (Hugging "
             "Face) MTP layer does not have") in message
 
 
