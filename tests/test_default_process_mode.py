@@ -71,7 +71,7 @@ def test_bad_checkpoint_error_reaches_the_caller_through_the_engine_core(checkpo
     from test_bad_checkpoints import derive
 
     def add_unknown(t):
-        t["model.layers.2.self_attn.o_proj.bias"] = t["model.layers.2.enorm.weight"].clone()
+        t["model.layers.2.self_attn.o_gate.weight"] = t["model.layers.2.enorm.weight"].clone()
         return t
 
     model = derive(checkpoints("oracle"), tmp_path / "unknown-tensor", add_unknown)
@@ -82,8 +82,8 @@ def test_bad_checkpoint_error_reaches_the_caller_through_the_engine_core(checkpo
     message = log.read_text(errors="replace")
     assert "(EngineCore pid=" in message
     assert (f"CheckpointError: {model}/model.safetensors: tensor "
-            "'model.layers.2.self_attn.o_proj.bias' (shape [256]) maps to parameter "
-            "'model.layers.2.mtp_block.self_attn.o_proj.bias', which the deepseek_v3 (Hugging "
+            "'model.layers.2.self_attn.o_gate.weight' (shape [256]) maps to parameter "
+            "'model.layers.2.mtp_block.self_attn.o_gate.weight', which the deepseek_v3 (Hugging "
             "Face) MTP layer does not have") in message
 
 
