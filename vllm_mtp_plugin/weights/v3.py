@@ -7,13 +7,17 @@ import regex as re
 from .rules import Rule, WeightMap, expert_rules
 
 # The MTP layer's own tensors besides its decoder block.
-V3_OWN_TENSORS = ("enorm", "hnorm", "eh_proj", "shared_head.norm", "rot")
+V3_OWN_TENSORS = ("enorm", "hnorm", "eh_proj", "shared_head.norm")
+# Only in rotation-quantised checkpoints (a top-level ``rot.weight``, loaded into the first MTP
+# layer by ``models/v3.py``): mapped when present, never required.
+V3_OPTIONAL_OWN_TENSORS = ("rot",)
 
 
 def v3_weight_map(expert_params: dict[str, str], head_copies: bool = False) -> WeightMap:
     """``head_copies``: load each layer's ``shared_head.head`` (for hosts that compare it with the
     target's head before sharing, ``platform.host_compares_head_copies``); otherwise not read."""
-    own_tensors = V3_OWN_TENSORS + (("shared_head.head",) if head_copies else ())
+    own_tensors = (V3_OWN_TENSORS + V3_OPTIONAL_OWN_TENSORS
+                   + (("shared_head.head",) if head_copies else ()))
     own = "|".join(re.escape(t) for t in own_tensors)
     shared = "embed_tokens" if head_copies else "embed_tokens|shared_head\\.head"
     return WeightMap(
