@@ -75,7 +75,7 @@ def test_switches_force_either_side(reports):
                                "DeepSeekV4MTPModel": RIVAL_V4}
     assert cpu["mode=on"]["DeepSeekMTPModel"] == OURS_V3
     assert cpu["mode=on"]["DeepSeekV4MTPModel"] == OURS_V4
-    assert any("DeepSeekMTPModel is served by the platform plugin's class" in w
+    assert any("DeepSeekMTPModel, DeepSeekV4MTPModel are served by the platform plugin's class" in w
                and "(MTP_PLUGIN=off)" in w for w in cpu["warnings"])
 
 

@@ -89,6 +89,7 @@ def apply(architectures: dict[str, str]) -> dict[str, str]:
 
     chosen = mode()
     outcome = {}
+    left: dict[str, list[str]] = {}  # reason -> architectures, one warning line per reason
     for arch, target in architectures.items():
         current = registered_qualname(ModelRegistry, arch)
         if current not in (None, target, in_tree_qualname(arch)):
@@ -106,10 +107,12 @@ def apply(architectures: dict[str, str]) -> dict[str, str]:
         outcome[arch] = f"left: {reason}"
         if arch not in _warned:
             _warned.add(arch)
-            logger.warning(
-                "vllm-mtp-plugin: %s is served by the platform plugin's class, or vLLM's own where "
-                "none registers one, not by vllm-mtp-plugin (%s). Set %s=on to use ours anyway.",
-                arch, reason, MODE_VARIABLE)
+            left.setdefault(reason, []).append(arch)
+    for reason, archs in left.items():
+        logger.warning(
+            "vllm-mtp-plugin: %s %s served by the platform plugin's class, or vLLM's own where "
+            "none registers one, not by vllm-mtp-plugin (%s). Set %s=on to use ours anyway.",
+            ", ".join(archs), "is" if len(archs) == 1 else "are", reason, MODE_VARIABLE)
     if claimed:
         keep_claimed_architectures(ModelRegistry)
     return outcome
