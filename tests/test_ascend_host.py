@@ -236,3 +236,14 @@ def test_pipeline_parallelism_is_refused_at_construction(world):
             DeepSeekMTP(vllm_config=vllm_config, prefix="")
     finally:
         vllm_config.parallel_config.pipeline_parallel_size = 1
+
+
+def test_rotation_weight_the_drafter_was_not_built_for_is_named(world, monkeypatch):
+    """A hub-id checkpoint with ``rot.weight`` but no ``is_rot_used``: a clear error, not a generic
+    unknown tensor."""
+    from vllm_mtp_plugin.models import v3
+    from vllm_mtp_plugin.weights.rules import CheckpointError
+
+    monkeypatch.setattr(v3, "uses_rotation", lambda vllm_config: False)
+    with pytest.raises(CheckpointError, match=r"top-level 'rot.weight'.*\"is_rot_used\": true"):
+        build(*world)

@@ -33,12 +33,18 @@ def register() -> None:
     import logging
 
     logger = logging.getLogger("vllm.vllm_mtp_plugin")
+    # Two independent steps: the fixes to vLLM (patches.py) apply even when the classes do not.
     try:
-        from . import precedence
         from .patches import apply_register_patches
 
-        outcome = precedence.apply(ARCHITECTURES)
         apply_register_patches()
+    except Exception as exc:  # noqa: BLE001 - a plugin must not take vLLM down
+        logger.warning("vllm-mtp-plugin %s: its fixes to vLLM not applied (%s: %s).",
+                       __version__, type(exc).__name__, exc)
+    try:
+        from . import precedence
+
+        outcome = precedence.apply(ARCHITECTURES)
     except Exception as exc:  # noqa: BLE001 - a plugin must not take vLLM down
         logger.warning("vllm-mtp-plugin %s not registered (%s: %s); vLLM's own MTP classes serve.",
                        __version__, type(exc).__name__, exc)

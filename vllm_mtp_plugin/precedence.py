@@ -147,8 +147,8 @@ def register_model(model_arch, model_cls) -> None:
     """``ModelRegistry.register_model`` that keeps claimed names during plugin loading."""
     if model_arch in claimed and _loading_general_plugins():
         others[model_arch] = qualname(model_cls)
-        logger.debug("vllm-mtp-plugin keeps %s; %s registered by another plugin is not used",
-                     model_arch, others[model_arch])
+        logger.warning("vllm-mtp-plugin serves %s; %s, registered by another plugin, is not used "
+                       "(set %s=off to use it)", model_arch, others[model_arch], MODE_VARIABLE)
         return
     _vllm_register_model(model_arch, model_cls)
 

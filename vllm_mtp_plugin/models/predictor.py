@@ -161,9 +161,10 @@ class DeepSeekMultiTokenPredictor(nn.Module):
 
     layer_cls: type[nn.Module]
     variant: str
-    # Read by every host: share the target's head (vLLM V1 and V2 also replace each layer's
-    # shared_head.head; vllm-ascend skips its weight comparison). No has_own_embed_tokens on
-    # purpose: V1 then treats the drafter as MTP and attaches the embedding without comparing.
+    # "Share the target's head": vLLM V1 and V2 read it and also replace each layer's
+    # shared_head.head. vllm-ascend's MTP path does not read it: it compares a loaded copy first
+    # (see platform.host_compares_head_copies). No has_own_embed_tokens on purpose: V1 then
+    # treats the drafter as MTP and attaches the embedding without comparing.
     has_own_lm_head = False
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):

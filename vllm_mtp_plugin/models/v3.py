@@ -33,7 +33,7 @@ from vllm.model_executor.models.utils import maybe_prefix
 from vllm.sequence import IntermediateTensors
 
 from ..platform import fused_moe_expert_params, host_compares_head_copies
-from ..weights.rules import WeightMap
+from ..weights.rules import CheckpointError, WeightMap
 from ..weights.v3 import v3_weight_map
 from .predictor import DeepSeekMultiTokenPredictor, SharedHeadNorm, draft_hf_config
 
@@ -175,6 +175,8 @@ class DeepSeekMTP(DeepSeekMultiTokenPredictor, DeepseekV2MixtureOfExperts):
         inputs_embeds: torch.Tensor | None = None,
         spec_step_idx: int = 0,
     ) -> torch.Tensor:
+        """``rot`` first, then the predictor's forward. The signature repeats the predictor's on
+        purpose: ``support_torch_compile`` binds arguments against this exact signature."""
         if self.rotation is not None:
             hidden_states = self.rotation(hidden_states)
         return super().forward(input_ids, positions, hidden_states, intermediate_tensors,
@@ -183,8 +185,19 @@ class DeepSeekMTP(DeepSeekMultiTokenPredictor, DeepseekV2MixtureOfExperts):
     def load_weights(self, weights):
         """The checkpoint's top-level ``rot.weight`` goes to the first MTP layer's ``rot``."""
         rot_name = f"model.layers.{self.model.mtp_start_layer_idx}.{ROTATION_WEIGHT}"
-        return super().load_weights(
-            (rot_name if name == ROTATION_WEIGHT else name, tensor) for name, tensor in weights)
+
+        def renamed():
+            for name, tensor in weights:
+                if name == ROTATION_WEIGHT and self.rotation is None:
+                    raise CheckpointError(
+                        "the checkpoint holds a top-level 'rot.weight' (a rotation-quantised "
+                        "export), but its quantization config does not set \"is_rot_used\" and "
+                        "the drafter could not see the file when it was built (checkpoint given "
+                        "by hub id?). Set \"is_rot_used\": true in the quantization config, or "
+                        "serve from a local directory.")
+                yield (rot_name if name == ROTATION_WEIGHT else name), tensor
+
+        return super().load_weights(renamed())
 
     def is_unused_checkpoint_weight(self, name: str) -> bool:
         """The top-level ``rot.weight`` is the drafter's too: its shard must be read."""

@@ -94,7 +94,7 @@ class DeepSeekV4MTPLayer(nn.Module):
             raise NotImplementedError(
                 "vllm-mtp-plugin's DeepSeek-V4 drafter does not support the native mega-MoE "
                 "backend (moe_backend=deep_gemm_mega_moe). Pick another MoE backend, or set "
-                "VLLM_PLUGINS to a list without vllm_mtp_plugin to use vLLM's in-tree drafter."
+                "MTP_PLUGIN=off to use vLLM's in-tree drafter."
             )
         # A block that leaves its last hc_post to the caller and has no hc_post of its own
         # (CUDA's) gets vLLM's op, which dispatches to the platform kernel.
