@@ -14,6 +14,8 @@ holds ``rot.weight``.
 """
 
 
+from pathlib import Path
+
 import torch
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
@@ -33,6 +35,7 @@ from vllm.model_executor.models.utils import maybe_prefix
 from vllm.sequence import IntermediateTensors
 
 from ..platform import fused_moe_expert_params, host_compares_head_copies
+from ..weights.headers import read_checkpoint
 from ..weights.rules import CheckpointError, WeightMap
 from ..weights.v3 import v3_weight_map
 from .predictor import DeepSeekMultiTokenPredictor, SharedHeadNorm, draft_hf_config
@@ -56,31 +59,9 @@ def uses_rotation(vllm_config: VllmConfig) -> bool:
     if isinstance(description, dict) and description.get("is_rot_used"):
         return True
     model_dir = getattr(vllm_config.speculative_config.draft_model_config, "model", None)
-    return ROTATION_WEIGHT in checkpoint_tensor_names(model_dir)
-
-
-def checkpoint_tensor_names(model_dir: str | None) -> set[str]:
-    """Tensor names of a local checkpoint, from its shard index or the file headers."""
-    import json
-    from pathlib import Path
-
-    from ..weights.headers import UnreadableHeader, read_header
-
     if not model_dir or not Path(model_dir).is_dir():
-        return set()
-    index = Path(model_dir) / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            return set(json.loads(index.read_text())["weight_map"])
-        except (ValueError, KeyError, TypeError):
-            return set()  # the loader reports an unreadable index itself
-    names = set()
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        try:
-            names.update(read_header(path))
-        except UnreadableHeader:
-            continue  # the loader names unreadable files
-    return names
+        return False  # a hub id: only the quantization config can say (load_weights explains)
+    return ROTATION_WEIGHT in read_checkpoint(Path(model_dir))[0]
 
 
 class DeepSeekV3MTPLayer(nn.Module):
