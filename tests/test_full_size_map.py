@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from v4_support.harness import pretend_amx, single_process_vllm
+from v4_support.harness import cpu_quantized_kernels_selected, single_process_vllm
 
 DATA = Path(__file__).parent / "data"
 DTYPES = {"bf16": torch.bfloat16, "float32": torch.float32, "float8_e4m3fn": torch.float8_e4m3fn,
@@ -100,7 +100,7 @@ def build_on_meta(vllm_config, model_cls, tp: int, rank: int = 0):
     vllm_config.compilation_config.static_forward_context.clear()
     vllm_config.parallel_config.tensor_parallel_size = tp
     # FP8 layers are chosen by vLLM's CPU kernel probe, which wants AMX (see v4_support/harness.py).
-    with set_current_vllm_config(vllm_config), fake_tp(tp, rank), pretend_amx(), \
+    with set_current_vllm_config(vllm_config), fake_tp(tp, rank), cpu_quantized_kernels_selected(), \
             set_default_torch_dtype(torch.bfloat16), torch.device("meta"):
         model = model_cls(vllm_config=vllm_config, prefix="")
     return model

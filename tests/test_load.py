@@ -11,6 +11,7 @@ import json
 import pytest
 
 from vllm_mtp_plugin.tools import loadtest
+from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype, serve_args_for_dtype
 from vllm_mtp_plugin.tools.server import Server, start_all
 
 K = 3
@@ -24,8 +25,10 @@ def servers(checkpoints, tmp_path_factory):
     model = checkpoints("oracle")
     logs = tmp_path_factory.mktemp("load")
     common = ["--served-model-name", "tiny", "--enforce-eager", "--max-model-len",
-              str(MAX_MODEL_LEN), "--dtype", "float32"]
-    spec = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": K})]
+              str(MAX_MODEL_LEN), "--dtype", "float32", *serve_args_for_dtype("float32")]
+    _, speculative_config = engine_args_for_dtype("float32", {"method": "mtp",
+                                                              "num_speculative_tokens": K})
+    spec = ["--speculative-config", json.dumps(speculative_config)]
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     group = [Server(model, common + spec, log_path=logs / "spec.log", env=env),
              Server(model, common, log_path=logs / "reference.log", env=env)]

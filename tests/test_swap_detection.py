@@ -39,9 +39,11 @@ def noisy(checkpoints):
 def vllm_config(noisy):
     from vllm.engine.arg_utils import EngineArgs
 
+    from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype
+
+    backend, spec = engine_args_for_dtype("float32", {"method": "mtp", "num_speculative_tokens": 1})
     args = EngineArgs(model=str(noisy), dtype="float32", enforce_eager=True, max_model_len=512,
-                      distributed_executor_backend="uni",
-                      speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+                      distributed_executor_backend="uni", speculative_config=spec, **backend)
     with single_process_vllm(args.create_engine_config()) as config:
         yield config
 

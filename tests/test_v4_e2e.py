@@ -17,28 +17,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.hardware import needs_cpu, needs_v4_target
 from v4_support.harness import tiny_v4_checkpoint
 
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.platform import platform_family
-from vllm_mtp_plugin.tools.cpu_features import cpu_flags, deepseek_v4_cpu_blockers
+from vllm_mtp_plugin.tools.cpu_features import AVX512_BF16
 from vllm_mtp_plugin.tools.mrv2 import harness_env
 
 OURS = "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
 MAX_TOKENS = 16
-
-
-def _blockers(fp8: bool) -> list[str]:
-    if platform_family() != "cpu":
-        return []
-    return deepseek_v4_cpu_blockers(fp8=fp8, triton_harness=True)
-
-
-def needs_v4_target(fp8: bool):
-    return pytest.mark.skipif(
-        bool(_blockers(fp8)),
-        reason=f"vLLM cannot run a{'n FP8' if fp8 else ' bf16'} DeepSeek-V4 target on this "
-               "machine: " + "; ".join(_blockers(fp8)))
 
 
 @functools.cache
@@ -78,9 +66,7 @@ def test_vllms_in_tree_v4_drafter_is_a_stub_on_cpu(prompts):
         run(tiny_v4_checkpoint("oracle", quantization=None), 1, "in-tree", prompts=tuple(prompts))
 
 
-@pytest.mark.skipif(platform_family() == "cpu" and "avx512_bf16" not in cpu_flags(),
-                    reason="vLLM's CPU V4 kernels (_C) load only with the CPU flag avx512_bf16, "
-                           "missing from /proc/cpuinfo")
+@needs_cpu(AVX512_BF16, part="vLLM's CPU V4 kernels (_C)")
 @pytest.mark.parametrize("runner", ["v1", "v2"])
 def test_engine_builds_loads_and_wires_our_v4_drafter(runner):
     model = tiny_v4_checkpoint("oracle", quantization=None)

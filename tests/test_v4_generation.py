@@ -15,10 +15,9 @@ import math
 import re
 
 import pytest
+from support.hardware import needs_v4_target
 from v4_support.harness import tiny_v4_checkpoint
 
-from vllm_mtp_plugin.platform import platform_family
-from vllm_mtp_plugin.tools.cpu_features import deepseek_v4_cpu_blockers
 from vllm_mtp_plugin.tools.mrv2 import V4_TILE_FIX_SWITCH, harness_env
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts
@@ -27,9 +26,7 @@ OURS = "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
 PROMPTS = ("Hello world", "The capital of France is", "Describe the water cycle in one sentence.")
 MAX_TOKENS = 12
 
-BLOCKERS = deepseek_v4_cpu_blockers(triton_harness=True) if platform_family() == "cpu" else []
-pytestmark = pytest.mark.skipif(bool(BLOCKERS), reason="vLLM cannot run a bf16 DeepSeek-V4 target "
-                                "on this machine: " + "; ".join(BLOCKERS))
+pytestmark = needs_v4_target()
 
 
 @functools.cache

@@ -17,6 +17,7 @@ from v4_support.harness import (
     build_drafter,
     checkpoint_tensors,
     engine_config,
+    process_loaded_drafter,
     single_process_vllm,
     tiny_v4_checkpoint,
 )
@@ -38,11 +39,9 @@ def vllm_config(bf16_dir):
 @pytest.fixture(scope="module")
 def drafter(vllm_config, bf16_dir):
     """Loaded and processed for CPU kernels, as vLLM's loader leaves it."""
-    from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
     model = build_drafter(vllm_config)
     model.load_weights(checkpoint_tensors(bf16_dir).items())
-    process_weights_after_loading(model, vllm_config.model_config, torch.device("cpu"))
+    process_loaded_drafter(model, vllm_config)
     return model
 
 

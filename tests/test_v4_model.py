@@ -4,7 +4,7 @@ The checkpoint is stored as DeepSeek stores V4-Flash (FP8 e4m3 linears with UE8M
 packed-FP4 experts with UE8M0 1x32 scales, ``mtp.0.*`` names). Every parameter of the drafter is
 compared, byte for byte, with the checkpoint tensors it must hold, composed here by hand (not by the
 weight map). Building an FP8 drafter needs vLLM's CPU FP8 linear kernel to accept this CPU: see
-``v4_support/harness.py`` (``pretend_amx``); no FP8 matmul runs in this file.
+``v4_support/harness.py`` (``cpu_quantized_kernels_selected``); no FP8 matmul runs in this file.
 """
 
 import pytest
@@ -35,7 +35,7 @@ def vllm_config(fp8_dir):
 
 @pytest.fixture
 def drafter(vllm_config):
-    return build_drafter(vllm_config, amx=True)
+    return build_drafter(vllm_config, quantized=True)
 
 
 def expected_parameters(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

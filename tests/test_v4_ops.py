@@ -2,8 +2,10 @@
 
 import pytest
 import torch
+from support.hardware import needs_cpu
 
 from vllm_mtp_plugin.ops import PortableHCHeadOp, hc_head, hc_head_op, register_portable_hc_head
+from vllm_mtp_plugin.tools.cpu_features import AVX512_BF16
 
 RMS_EPS, HC_EPS = 1e-6, 1e-6
 
@@ -58,15 +60,7 @@ def test_hc_head_keeps_leading_dimensions():
     torch.testing.assert_close(out.view(6, 64), hc_head(x, fn, scale, base, RMS_EPS, HC_EPS))
 
 
-def _cpu_kernel():
-    import vllm  # noqa: F401  (loads vllm._C where the CPU has AVX512-BF16)
-
-    return getattr(torch.ops._C, "hc_head_fused_cpu", None) if hasattr(torch.ops, "_C") else None
-
-
-@pytest.mark.skipif(_cpu_kernel() is None,
-                    reason="vLLM's CPU hc_head kernel (_C.hc_head_fused_cpu) is built only for "
-                           "CPUs with AVX512-BF16, which this one lacks")
+@needs_cpu(AVX512_BF16, part="vLLM's CPU hc_head kernel (_C.hc_head_fused_cpu)")
 def test_hc_head_agrees_with_vllms_cpu_kernel_in_bf16():
     from vllm.model_executor.kernels.mhc import hc_head_fused_cpu
 

@@ -12,20 +12,17 @@ import json
 
 import pytest
 from openai import OpenAI
+from support.hardware import needs_v4_target
 from v4_support.harness import tiny_v4_checkpoint
 
-from vllm_mtp_plugin.platform import platform_family
 from vllm_mtp_plugin.tools import metrics
-from vllm_mtp_plugin.tools.cpu_features import deepseek_v4_cpu_blockers
 from vllm_mtp_plugin.tools.mrv2 import harness_env
 from vllm_mtp_plugin.tools.server import Server
 
 K, STEPS = 2, 5
 MAX_TOKENS = 1 + STEPS * (K + 1)
 
-BLOCKERS = deepseek_v4_cpu_blockers(triton_harness=True) if platform_family() == "cpu" else []
-pytestmark = pytest.mark.skipif(bool(BLOCKERS), reason="vLLM cannot run a bf16 DeepSeek-V4 target "
-                                "on this machine: " + "; ".join(BLOCKERS))
+pytestmark = needs_v4_target()
 
 
 @pytest.fixture(scope="module")

