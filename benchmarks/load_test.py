@@ -89,14 +89,16 @@ def _test(label: str, base_url: str, model: str, args, oracle: bool,
 
 def _serve_and_test(spec: str, args, log_dir: Path) -> dict:
     from vllm_mtp_plugin.tools.bench.checkpoints import resolve
+    from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype, serve_args_for_dtype
     from vllm_mtp_plugin.tools.server import Server, start_all
 
     checkpoint = resolve(spec)
     oracle = checkpoint.meta.get("mode") == "oracle"
     common = ["--served-model-name", "tiny", "--enforce-eager", "--max-model-len",
-              str(args.max_model_len), "--dtype", args.dtype]
-    speculative = ["--speculative-config",
-                   json.dumps({"method": "mtp", "num_speculative_tokens": args.k})]
+              str(args.max_model_len), "--dtype", args.dtype, *serve_args_for_dtype(args.dtype)]
+    _, speculative_config = engine_args_for_dtype(args.dtype, {"method": "mtp",
+                                                               "num_speculative_tokens": args.k})
+    speculative = ["--speculative-config", json.dumps(speculative_config)]
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1",
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     servers = [Server(checkpoint.path, common + speculative, env=env,

@@ -14,9 +14,12 @@ from vllm_mtp_plugin.models.predictor import MTPLayerStack
 def engine(checkpoints):
     from vllm import LLM
 
+    from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype
+
     model = checkpoints("noisy", acceptance=0.6, num_nextn_predict_layers=2)
+    backend, spec = engine_args_for_dtype("float32", {"method": "mtp", "num_speculative_tokens": 2})
     llm = LLM(str(model), enforce_eager=True, distributed_executor_backend="uni", max_model_len=512,
-              dtype="float32", speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+              dtype="float32", speculative_config=spec, **backend)
     yield llm, model
     del llm
 

@@ -32,7 +32,18 @@ def build_tiny(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="vllm-mtp build-tiny", description=build_tiny.__doc__)
     parser.add_argument("out_dir")
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    parser.add_argument("--mode", default="oracle", choices=MODES)
+    parser.add_argument("--mode", default="oracle", choices=(*MODES, "trained"),
+                        help="random/oracle/noisy: constructed weights (acceptance set by "
+                             "construction); trained: a small DeepSeek trained on real text, "
+                             "shipped with the package (its acceptance is measured)")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="with --mode trained: train it from scratch into OUT_DIR (about an "
+                             "hour on 2 cores; downloads its corpus with pip) instead of writing "
+                             "the shipped files")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="with --rebuild: training steps (default: the shipped model's)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="with --rebuild: where the corpus archive is kept")
     parser.add_argument("--acceptance", type=float, default=0.7,
                         help="first-position acceptance of a noisy checkpoint (0..1)")
     parser.add_argument("--seed", type=int, default=0)
@@ -40,10 +51,33 @@ def build_tiny(argv: list[str]) -> int:
     parser.add_argument("--mtp-layers", type=int, default=None,
                         help="num_nextn_predict_layers (default: the preset's)")
     args = parser.parse_args(argv)
+    if args.mode == "trained":
+        return build_trained(args)
     overrides = {} if args.mtp_layers is None else {"num_nextn_predict_layers": args.mtp_layers}
     out = build_checkpoint(args.out_dir, args.preset, args.mode, args.seed, args.acceptance,
                            args.dtype, **overrides)
     print(out)
+    return 0
+
+
+def build_trained(args) -> int:
+    from pathlib import Path
+
+    from .tiny import trained
+    from .tiny.pretrain import TrainSettings
+
+    if args.rebuild:
+        settings = TrainSettings() if args.steps is None else TrainSettings(steps=args.steps)
+        cache = Path(args.cache_dir) if args.cache_dir else Path(args.out_dir) / ".corpus"
+        record = trained.rebuild(Path(args.out_dir), cache, settings)
+        for kind, row in record["metrics"].items():
+            print(f"{kind}: held-out perplexity {row['perplexity']:.1f} (unigram "
+                  f"{row['unigram_perplexity']:.1f}), MTP top-1 accuracy "
+                  f"{row['mtp_top1_accuracy']:.3f}")
+        print(Path(args.out_dir))
+        return 0
+    mtp_layers = 1 if args.mtp_layers is None else args.mtp_layers
+    print(trained.write_checkpoint(Path(args.out_dir), mtp_layers))
     return 0
 
 

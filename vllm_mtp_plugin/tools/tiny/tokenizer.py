@@ -8,6 +8,7 @@ emit decodes to text, and it ships a chat template so ``/v1/chat/completions`` w
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
@@ -31,8 +32,9 @@ def bundled_prompt_texts() -> list[str]:
     return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
 
 
-def write_tokenizer(out_dir: Path, vocab_size: int) -> None:
-    """Train a byte-level BPE on the bundled prompts, pad it to ``vocab_size``, save HF files."""
+def write_tokenizer(out_dir: Path, vocab_size: int, texts: Iterable[str] | None = None) -> None:
+    """Train a byte-level BPE on ``texts`` (default: the bundled prompts), pad it to
+    ``vocab_size`` (a corpus large enough fills it with merges), save HF files."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -44,7 +46,9 @@ def write_tokenizer(out_dir: Path, vocab_size: int) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = bundled_prompt_texts() * 4
+    if texts is not None:  # a real corpus: the chat markers added below take the last two ids
+        trainer.vocab_size = vocab_size - 2
+    corpus = bundled_prompt_texts() * 4 if texts is None else texts
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, 0)]
