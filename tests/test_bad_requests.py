@@ -33,8 +33,16 @@ REQUESTS = {
 }
 
 
+def _plugins_env(impl: str) -> dict:
+    """``in-tree``: vLLM without any plugin (``VLLM_PLUGINS=""``), the answers to compare with."""
+    env = child_env("plugin")
+    if impl == "in-tree":
+        env["VLLM_PLUGINS"] = ""
+    return env
+
+
 def _env(impl: str) -> dict:
-    return {**child_env(impl), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    return {**_plugins_env(impl), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +153,7 @@ def config_errors(checkpoints):
         ["valid", one, {"method": "mtp", "num_speculative_tokens": 3}],
     ]
     children = {impl: subprocess.Popen([sys.executable, "-c", CONFIG_CHILD, json.dumps(configs)],
-                                       env=child_env(impl), stdout=subprocess.PIPE,
+                                       env=_plugins_env(impl), stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True)
                 for impl in ("plugin", "in-tree")}
     results = {}

