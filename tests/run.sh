@@ -5,4 +5,6 @@ cd "$(dirname "$0")/.."
 bash .ci/install.sh
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1
 export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$(mktemp -d)}"
-exec "${PYTHON:-python3}" -m pytest tests -q -rs --durations=25 -p no:cacheprovider "$@"
+# Arguments go to pytest; without a tests/... path among them the whole suite runs.
+case " $* " in *" tests"*) ;; *) set -- tests "$@" ;; esac
+exec "${PYTHON:-python3}" -m pytest -q -rs --durations=25 -p no:cacheprovider "$@"
