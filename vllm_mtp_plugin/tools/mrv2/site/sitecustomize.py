@@ -171,10 +171,22 @@ def _v4_tile_fix_without_plugins() -> None:
     v4_cpu_tile_scheduler_keys()  # imports nothing of vLLM: acts when vLLM imports cpu_mla
 
 
-if os.environ.get("MTP_TEST_HIDE_AVX512") == "1":
-    from vllm_mtp_plugin.tools.cpu_features import hide_avx512
+def _hide_avx512() -> None:
+    """``tools/cpu_features.py``'s ``hide_avx512``, loaded from its file: importing it as
+    ``vllm_mtp_plugin.tools.cpu_features`` would put the tools package into every vLLM process,
+    which the plugin never does (``tests/test_layout.py``)."""
+    import importlib.util
 
-    hide_avx512()
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(
+        __file__)))), "cpu_features.py")
+    spec = importlib.util.spec_from_file_location("_mtp_test_cpu_features", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.hide_avx512()
+
+
+if os.environ.get("MTP_TEST_HIDE_AVX512") == "1":
+    _hide_avx512()
 if os.environ.get(SWITCH) == "1":
     _install_cpu_backend()
 if os.environ.get(V4_TILE_FIX_SWITCH) == "1" and os.environ.get("VLLM_PLUGINS") == "":
