@@ -16,7 +16,7 @@ def offline(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-offline")
     code = main(["offline", "-m", "tiny:oracle", "-k", "0", "2", "--impl", "plugin", "in-tree",
                  "--num-prompts", "2", "--max-tokens", "12", "--repeats", "2", "--processes", "1",
-                 "--cache-dir", str(out / "cache"), "--out", str(out)])
+                 "--enforce-eager", "--cache-dir", str(out / "cache"), "--out", str(out)])
     assert code == 0
     return out, json.loads((out / "results.json").read_text())
 
@@ -34,7 +34,8 @@ def test_offline_rows_and_fields(offline):
     for name in ("table.md", "per_position_acceptance.png", "speedup_vs_k.png",
                  "plugin_vs_in_tree.png"):
         assert (out / name).stat().st_size > 0
-    assert (out / "table.md").read_text().count("\n") == 2 + 4
+    table = (out / "table.md").read_text()
+    assert table.startswith("Engines: eager.\n") and table.count("\n") == 2 + 2 + 4
 
 
 def test_oracle_checkpoint_accepts_everything(offline):
@@ -62,7 +63,7 @@ def test_report_mode_recomputes_from_the_json(offline, tmp_path, capsys):
     for before, after in zip(data["results"], again):
         for field in ("output_tok_s", "speedup", "acceptance_rate", "ideal_speedup", "steps"):
             assert after[field] == before[field]
-    assert "| tiny-oracle | plugin | 2 |" in capsys.readouterr().out
+    assert "| tiny-oracle | plugin | all | 0 | 2 |" in capsys.readouterr().out
 
 
 def test_draft_memory_ours_vs_in_tree(offline):
@@ -91,3 +92,31 @@ def test_serve_mode_with_vllm_bench_serve_cross_check(tmp_path):
     assert check["vllm_bench_serve"]["completed"] == 3
     assert check["vllm_bench_serve"]["num_drafts"] == row["spec_decode"]["num_drafts"]
     assert "Speculative Decoding" in check["vllm_bench_serve"]["printed"]
+
+
+def test_trained_model_compiled_by_prompt_kind_and_temperature(tmp_path, monkeypatch):
+    """The README's headline configuration, small: vLLM's default compilation, the trained
+    model's code/prose/chat prompts (chat through its template), greedy and sampled."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))  # shared by the engines
+    code = main(["offline", "-m", "trained", "-k", "0", "2", "--impl", "plugin", "in-tree",
+                 "--temperature", "0", "1", "--num-prompts", "2", "--max-tokens", "16",
+                 "--repeats", "1", "--processes", "1", "--cache-dir", str(tmp_path / "cache"),
+                 "--out", str(tmp_path), "--no-plots"])
+    assert code == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    by_key = {(r["impl"], r["k"], r["prompts"], r["temperature"]): r for r in rows}
+    assert len(rows) == len(by_key) == 2 * 2 * 3 * 2
+    for kind in ("code", "prose", "chat"):
+        for temperature in (0.0, 1.0):
+            plugin, tree = (by_key[(impl, 2, kind, temperature)] for impl in ("plugin", "in-tree"))
+            assert plugin["compilation"] == "vLLM default (compiled)"
+            assert plugin["runs"][0]["output_tokens"] == 2 * 16
+            assert plugin["speedup"] is not None and plugin["vs_in_tree"] is not None
+            assert 0 < plugin["spec_decode"]["num_drafts"] <= 2 * 16
+            if temperature == 0:  # greedy: both drafters propose the same tokens
+                assert plugin["spec_decode"] == tree["spec_decode"], kind
+    logs = [p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log")]
+    assert len(logs) == 4 and all("saved AOT compiled function" in log for log in logs)
+    # patches.skip_unloadable_aot_cache: later engines of the same target load nothing
+    assert not any("due to a load failure" in log for log in logs)
+    assert "| trained | plugin | chat | 1 | 2 |" in (tmp_path / "table.md").read_text()

@@ -229,3 +229,21 @@ def test_cross_check_fails_only_where_runs_must_match():
     assert report.cross_check_failed([{**row, "concurrency": 1, "cross_check": differ}])
     assert "differ slightly" in report.cross_check_text([{**row, "concurrency": 4,
                                                           "cross_check": differ}])
+
+
+def test_baselines_and_in_tree_ratios_are_per_prompt_kind_and_temperature():
+    def row(impl, k, tok_s, kind, temperature):
+        return {**_row(impl, k, tok_s, 2.0 if k else None), "prompts": kind,
+                "temperature": temperature}
+
+    rows = analysis.add_derived([
+        row("plugin", 0, 10.0, "code", 0.0), row("plugin", 0, 20.0, "prose", 0.0),
+        row("plugin", 0, 40.0, "prose", 1.0), row("plugin", 2, 15.0, "code", 0.0),
+        row("plugin", 2, 30.0, "prose", 0.0), row("plugin", 2, 30.0, "prose", 1.0),
+        row("in-tree", 2, 12.0, "prose", 0.0),
+    ])
+    code, prose, prose_t1 = rows[3:6]
+    assert code["speedup"] == pytest.approx(1.5) and prose["speedup"] == pytest.approx(1.5)
+    assert prose_t1["speedup"] == pytest.approx(0.75)
+    assert prose["vs_in_tree"] == pytest.approx(2.5) and code["vs_in_tree"] is None
+    assert rows[6]["speedup"] == pytest.approx(0.6)

@@ -90,3 +90,35 @@ def test_preset_is_built_once_and_a_directory_is_taken_as_is(tmp_path):
     assert first.parameters == first.meta["parameters"] > 0
     direct = checkpoints.resolve(str(first.path))
     assert direct.path == first.path and direct.meta == first.meta
+
+
+def test_prompt_kinds_and_chats(tmp_path):
+    from vllm_mtp_plugin.tools.bench.prompts import load_prompt_groups
+    from vllm_mtp_plugin.tools.bench.sweep import Sweep
+
+    path = tmp_path / "kinds.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"kind": "code", "prompt": "def f():"}, {"kind": "prose", "prompt": "Once"},
+        {"kind": "chat", "prompt": "Hi?"}, {"kind": "code", "prompt": "class A:"},
+        {"messages": [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "Why?"}]},
+    ]))
+    groups = load_prompt_groups(path, limit=3)
+    assert groups == {"code": ["def f():", "class A:", "def f():"], "prose": ["Once"] * 3,
+                      "chat": [[{"role": "user", "content": "Hi?"}],
+                               [{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": "Why?"}],
+                               [{"role": "user", "content": "Hi?"}]]}
+    assert load_prompt_groups(path, by_kind=False) == {
+        "all": ["def f():", "Once", "Hi?", "class A:", "Why?"]}
+    passes = Sweep(temperatures=[0.0, 1.0], seed=7).passes(groups)
+    assert [(p["label"]["prompts"], p["label"]["temperature"], p["chat"]) for p in passes] == [
+        ("code", 0.0, False), ("code", 1.0, False), ("prose", 0.0, False),
+        ("prose", 1.0, False), ("chat", 0.0, True), ("chat", 1.0, True)]
+    assert passes[0]["sampling"] == {"temperature": 0.0}
+    assert passes[1]["sampling"] == {"temperature": 1.0, "seed": 7}
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"kind": "x", "prompt": "a"}\n'
+                     '{"kind": "x", "messages": [{"role": "user", "content": "b"}]}\n')
+    with pytest.raises(ValueError, match="kind 'x' mixes chats"):
+        load_prompt_groups(mixed)

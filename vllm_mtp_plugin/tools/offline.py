@@ -53,6 +53,11 @@ class OfflineConfig:
     runner: str | None = None
     # Count, per draft step, the MTP layers that ran (``runner_probe.record_layer_calls``).
     record_layer_calls: bool = False
+    # Several measured passes per repeat on one engine, each {"label": ..., "prompts": [...],
+    # "sampling": {...}, "chat": bool} (e.g. one per prompt kind and temperature); each run
+    # carries its label. Chat passes hold OpenAI message lists and go through ``LLM.chat`` (the
+    # model's chat template). Empty: one pass of ``prompts`` with ``sampling``.
+    passes: list = dataclasses.field(default_factory=list)
 
 
 def child_env(impl: str, base: dict[str, str] | None = None,
@@ -81,8 +86,10 @@ def child_env(impl: str, base: dict[str, str] | None = None,
     return env
 
 
-def run_config(config: OfflineConfig, timeout: float = 900.0, log_path: str | None = None) -> dict:
-    """Run ``config`` in a child process; return its JSON report. Raises with the child's log tail."""
+def run_config(config: OfflineConfig, timeout: float = 900.0, log_path: str | None = None,
+               env: dict[str, str] | None = None) -> dict:
+    """Run ``config`` in a child process; return its JSON report. Raises with the child's log tail.
+    ``env`` is laid over the child's environment last (e.g. ``VLLM_PLUGINS=""``: vLLM alone)."""
     with tempfile.TemporaryDirectory() as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(json.dumps(dataclasses.asdict(config)))
@@ -91,8 +98,8 @@ def run_config(config: OfflineConfig, timeout: float = 900.0, log_path: str | No
             proc = subprocess.run(
                 [sys.executable, "-m", "vllm_mtp_plugin.tools.offline", str(request), str(result)],
                 stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
-                env=child_env(config.impl, default_process_mode=config.default_process_mode,
-                              runner=config.runner),
+                env={**child_env(config.impl, default_process_mode=config.default_process_mode,
+                                 runner=config.runner), **(env or {})},
             )
         if proc.returncode != 0 or not result.exists():
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
@@ -144,22 +151,54 @@ def _request_latency(output) -> dict:
     return {"output_tokens": n, "ttft": ttft, "tpot": tpot, "queued": queued}
 
 
-def _sampling_params(config: OfflineConfig):
+def _sampling_params(prompts: list[str], sampling: dict | list, config: OfflineConfig):
     """SamplingParams for the prompts: one for all, or one per prompt when ``sampling`` is a list
     (one dict per prompt) or has a seed (request i gets seed + i)."""
     from vllm import SamplingParams
 
     base = {"temperature": 0.0, "max_tokens": config.max_tokens, "ignore_eos": config.ignore_eos}
-    per_prompt = config.sampling if isinstance(config.sampling, list) else None
-    if per_prompt is None and config.sampling.get("seed") is None:
-        return SamplingParams(**base, **config.sampling)
+    per_prompt = sampling if isinstance(sampling, list) else None
+    if per_prompt is None and sampling.get("seed") is None:
+        return SamplingParams(**{**base, **sampling})
     params = []
-    for i in range(len(config.prompts)):
-        fields = {**base, **(per_prompt[i] if per_prompt else config.sampling)}
+    for i in range(len(prompts)):
+        fields = {**base, **(per_prompt[i] if per_prompt else sampling)}
         if fields.get("seed") is not None:
             fields["seed"] += i
         params.append(SamplingParams(**fields))
     return params
+
+
+def _generate(llm, prompts: list, params, chat: bool):
+    if chat:
+        return llm.chat(prompts, params, use_tqdm=False)
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def _measured_pass(llm, config: OfflineConfig, label, prompts: list, params, chat: bool) -> tuple:
+    """One timed ``generate`` (or ``chat``) with its counter delta (and step timings)."""
+    from .metrics import counters_from_llm_metrics
+
+    if config.step_timings:
+        from .bench import steptimer
+
+        llm.collective_rpc(steptimer.install)
+    before = counters_from_llm_metrics(llm.get_metrics())
+    t0 = time.perf_counter()
+    outputs = _generate(llm, prompts, params, chat)
+    elapsed = time.perf_counter() - t0
+    counters = counters_from_llm_metrics(llm.get_metrics()) - before
+    run = {
+        "seconds": elapsed,
+        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        "spec_decode": counters.summary(),
+        "requests": [_request_latency(o) for o in outputs],
+    }
+    if label is not None:
+        run["pass"] = label
+    if config.step_timings:
+        run["steps"] = steptimer.summarize(llm.collective_rpc(steptimer.collect)[0])
+    return run, outputs
 
 
 def _child(request_path: str, result_path: str) -> None:
@@ -167,7 +206,6 @@ def _child(request_path: str, result_path: str) -> None:
 
     from . import runner_probe
     from .cpu_features import engine_args_for_dtype
-    from .metrics import counters_from_llm_metrics
 
     config = OfflineConfig(**json.loads(Path(request_path).read_text()))
     allocated = _record_allocated_bytes()
@@ -186,31 +224,21 @@ def _child(request_path: str, result_path: str) -> None:
     t0 = time.perf_counter()
     llm = LLM(config.model, **kwargs)
     init_s = time.perf_counter() - t0
-    params = _sampling_params(config)
+    passes = [(p.get("label"), p["prompts"],
+               _sampling_params(p["prompts"], p.get("sampling") or {}, config), p.get("chat"))
+              for p in config.passes] or [
+        (None, config.prompts, _sampling_params(config.prompts, config.sampling, config), False)]
     if config.warmup_prompts:
+        _, prompts, params, chat = passes[0]
         warmup = params[: config.warmup_prompts] if isinstance(params, list) else params
-        llm.generate(config.prompts[: config.warmup_prompts], warmup, use_tqdm=False)
+        _generate(llm, prompts[: config.warmup_prompts], warmup, chat)
     runs = []
     if config.record_layer_calls:
         llm.collective_rpc(runner_probe.record_layer_calls)
     for _ in range(config.repeats):
-        if config.step_timings:
-            from .bench import steptimer
-
-            llm.collective_rpc(steptimer.install)
-        before = counters_from_llm_metrics(llm.get_metrics())
-        t0 = time.perf_counter()
-        outputs = llm.generate(config.prompts, params, use_tqdm=False)
-        elapsed = time.perf_counter() - t0
-        counters = counters_from_llm_metrics(llm.get_metrics()) - before
-        runs.append({
-            "seconds": elapsed,
-            "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
-            "spec_decode": counters.summary(),
-            "requests": [_request_latency(o) for o in outputs],
-        })
-        if config.step_timings:
-            runs[-1]["steps"] = steptimer.summarize(llm.collective_rpc(steptimer.collect)[0])
+        for pass_ in passes:
+            run, outputs = _measured_pass(llm, config, *pass_)
+            runs.append(run)
     report = llm.collective_rpc(runner_probe.runner_report)[0]
     drafter = {"class": report["class"], "runner": report["runner"]} if report["class"] else None
     if drafter is not None:

@@ -72,11 +72,13 @@ def _key(row: dict, *fields: str) -> tuple:
     return tuple(row.get(f) for f in fields)
 
 
-BASELINE_KEY = ("mode", "checkpoint", "concurrency")
+BASELINE_KEY = ("mode", "checkpoint", "concurrency", "prompts", "temperature")
+SAME_CONFIG_KEY = (*BASELINE_KEY, "k")
 
 
 def baselines(rows: list[dict]) -> dict[tuple, dict]:
-    """The k = 0 baseline of each (mode, checkpoint, concurrency), pooled over implementations.
+    """The k = 0 baseline of each (mode, checkpoint, concurrency, prompt kind, temperature),
+    pooled over implementations.
 
     Without speculation no drafter exists, so both implementations run the same engine code;
     pooling their processes halves the process-to-process noise of the denominator every
@@ -101,15 +103,14 @@ def add_derived(rows: list[dict]) -> list[dict]:
     """Fill speed-up against the pooled k = 0 baseline, the ideal bound and measured/ideal where
     step timings exist, and tokens/s relative to in-tree at the same k."""
     bases = baselines(rows)
-    in_tree = {_key(r, "mode", "checkpoint", "k", "concurrency"): r
-               for r in rows if r.get("impl") == "in-tree"}
+    in_tree = {_key(r, *SAME_CONFIG_KEY): r for r in rows if r.get("impl") == "in-tree"}
     for row in rows:
         base = bases.get(_key(row, *BASELINE_KEY))
         row["baseline"] = base
         row["speedup"] = (row["output_tok_s"] / base["output_tok_s"]
                           if base and base.get("output_tok_s") and row.get("output_tok_s")
                           else None)
-        other = in_tree.get(_key(row, "mode", "checkpoint", "k", "concurrency"))
+        other = in_tree.get(_key(row, *SAME_CONFIG_KEY))
         row["vs_in_tree"] = (row["output_tok_s"] / other["output_tok_s"]
                              if other and row.get("impl") != "in-tree"
                              and other.get("output_tok_s") and row.get("output_tok_s") else None)

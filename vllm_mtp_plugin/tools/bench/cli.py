@@ -17,7 +17,7 @@ from pathlib import Path
 from . import analysis, report
 from ..mrv2 import needs_interpreter
 from .checkpoints import resolve
-from .prompts import load_prompts
+from .prompts import load_prompt_groups
 from .sweep import DEFAULT_CHECKPOINT, MODES, Sweep
 
 
@@ -38,9 +38,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    dest="ks", help="0 = no speculation (the speed-up baseline)")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1],
                    help="requests in flight (serve) / max_num_seqs (offline)")
-    p.add_argument("--prompts", help="JSONL of {\"prompt\": ...} or a ShareGPT JSON/JSONL file "
-                                     "(default: the bundled prompts)")
-    p.add_argument("--num-prompts", type=int, default=4, help="requests per measured pass")
+    p.add_argument("--prompts", help="JSONL of {\"prompt\": ...} (a \"kind\" field measures each "
+                                     "kind on its own rows; kind \"chat\" or OpenAI \"messages\" "
+                                     "go through the chat template) or a ShareGPT JSON/JSONL file "
+                                     "(default: the bundled prompts; for the trained preset, its "
+                                     "code/prose/chat prompts)")
+    p.add_argument("--no-split-kinds", action="store_true",
+                   help="measure a prompt file with kinds as one set")
+    p.add_argument("--num-prompts", type=int, default=4,
+                   help="requests per measured pass (per prompt kind)")
+    p.add_argument("--temperature", nargs="+", type=float, default=[0.0], dest="temperatures",
+                   help="sampling temperatures, one pass each (> 0: seeded per request)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="run engines eagerly (default: vLLM's default compilation, what users run)")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--warmup", type=int, default=1, help="warm-up requests per configuration")
     p.add_argument("--repeats", type=int, default=2,
@@ -60,6 +70,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
     return p.parse_args(argv)
+
+
+def default_prompts(checkpoint_specs: list[str]) -> str | None:
+    """The trained model's own code/prose/chat prompts when only it is measured; else None (the
+    bundled prompts)."""
+    from importlib import resources
+
+    from .checkpoints import TRAINED
+
+    if checkpoint_specs and all(spec == TRAINED for spec in checkpoint_specs):
+        return str(resources.files("vllm_mtp_plugin.tools").joinpath("data/trained_prompts.jsonl"))
+    return None
 
 
 def environment() -> dict:
@@ -121,9 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         return rerun_report(args)
     from tqdm import tqdm
 
-    sweep = Sweep(mode=args.mode, checkpoints=args.checkpoints or [DEFAULT_CHECKPOINT],
+    checkpoint_specs = args.checkpoints or [DEFAULT_CHECKPOINT]
+    sweep = Sweep(mode=args.mode, checkpoints=checkpoint_specs,
                   impls=args.impl, ks=args.ks, concurrencies=args.concurrency,
-                  prompts=args.prompts, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+                  temperatures=args.temperatures, by_kind=not args.no_split_kinds,
+                  eager=args.enforce_eager,
+                  prompts=args.prompts or default_prompts(checkpoint_specs), num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                   warmup=args.warmup, repeats=args.repeats, processes=args.processes,
                   max_model_len=args.max_model_len,
                   dtype=args.dtype, seed=args.seed, cache_dir=args.cache_dir,
@@ -134,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     env = environment()
-    prompts = load_prompts(sweep.prompts, sweep.num_prompts)
+    passes = sweep.passes(load_prompt_groups(sweep.prompts, sweep.num_prompts, sweep.by_kind))
+    tqdm.write(f"engines: {sweep.compilation}; passes per configuration: "
+               + ", ".join(f"{p['label']['prompts']} T={p['label']['temperature']:g}"
+                           for p in passes))
     checkpoints = {spec: resolve(spec, sweep.cache_dir, sweep.seed, log=tqdm.write)
                    for spec in sweep.checkpoints}
     for spec, ckpt in checkpoints.items():
@@ -153,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
         with tqdm(total=len(configs) * sweep.processes, unit="process",
                   dynamic_ncols=True) as bar:
-            rows = run_offline(sweep, checkpoints, prompts, logs, on_start=bar.set_postfix_str,
+            rows = run_offline(sweep, checkpoints, passes, logs, on_start=bar.set_postfix_str,
                                on_done=lambda: bar.update(1))
     else:
         from .serve_mode import run_server_group
@@ -163,11 +191,12 @@ def main(argv: list[str] | None = None) -> int:
             groups.setdefault((config.checkpoint, config.impl, config.k), []).append(config)
         if sweep.base_url:  # one server, whatever it runs: a single group
             groups = {next(iter(groups)): [c for c in next(iter(groups.values()))]}
-        total = sum(len(g) for g in groups.values()) * sweep.repeats * len(prompts)
+        total = sum(len(g) for g in groups.values()) * sweep.repeats * sum(
+            len(p["prompts"]) for p in passes)
         with tqdm(total=total, unit="req", dynamic_ncols=True) as bar:
             for (spec, _, _), group in groups.items():
                 bar.set_postfix_str(f"{group[0].checkpoint} {group[0].impl} k={group[0].k}")
-                rows += run_server_group(sweep, checkpoints[spec], group, prompts, logs,
+                rows += run_server_group(sweep, checkpoints[spec], group, passes, logs,
                                          tqdm.write, on_done=lambda: bar.update(1))
     write_outputs(out, sweep.settings(), rows, env, plots=not args.no_plots)
     return 1 if report.cross_check_failed(rows) else 0

@@ -20,34 +20,38 @@ from .interference import Meter
 from .sweep import Config, Sweep
 
 
-def offline_config(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list[str]):
+def offline_config(sweep: Sweep, ckpt: Checkpoint, config: Config, passes: list[dict]):
     return OfflineConfig(
-        model=str(ckpt.path), num_speculative_tokens=config.k, impl=config.impl, prompts=prompts,
+        model=str(ckpt.path), num_speculative_tokens=config.k, impl=config.impl,
+        prompts=passes[0]["prompts"], passes=passes,
         max_tokens=sweep.max_tokens, max_model_len=sweep.max_model_len, ignore_eos=True,
         warmup_prompts=sweep.warmup, repeats=sweep.repeats,
-        llm_kwargs={"dtype": ckpt.engine["dtype"] or sweep.dtype,
+        llm_kwargs={"dtype": ckpt.engine["dtype"] or sweep.dtype, "enforce_eager": sweep.eager,
                     "max_num_seqs": config.concurrency, "seed": sweep.seed},
         step_timings=True, runner=ckpt.engine["runner"],
     )
 
 
-def run_process(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list[str],
+def run_process(sweep: Sweep, ckpt: Checkpoint, config: Config, passes: list[dict],
                 log_path: Path) -> dict:
     """One engine process for ``config``: its report plus the interference during it."""
     with Meter() as meter:
-        result = run_config(offline_config(sweep, ckpt, config, prompts), timeout=sweep.timeout,
+        result = run_config(offline_config(sweep, ckpt, config, passes), timeout=sweep.timeout,
                             log_path=str(log_path))
     result["interference"] = meter.result()
     result["log"] = str(log_path)
     return result
 
 
-def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list[str],
+def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, measured: dict,
              results: list[dict]) -> dict:
-    """The result row of a configuration from the reports of its processes."""
+    """The result row of one pass (``measured``) of a configuration, from its processes' reports."""
     runs = []
+    prompts = measured["prompts"]
     for process, result in enumerate(results):
         for run in result["runs"]:
+            if run.get("pass", measured["label"]) != measured["label"]:
+                continue
             requests = run.get("requests") or []
             runs.append({
                 "process": process,
@@ -64,7 +68,8 @@ def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list[str],
     row = {
         "mode": "offline", "checkpoint": ckpt.label, "checkpoint_path": str(ckpt.path),
         "parameters": ckpt.parameters, "impl": config.impl, "k": config.k,
-        "concurrency": config.concurrency, "num_prompts": len(prompts),
+        "concurrency": config.concurrency, **measured["label"], "num_prompts": len(prompts),
+        "compilation": sweep.compilation,
         "max_tokens": sweep.max_tokens, "repeats": sweep.repeats, "processes": len(results),
         "init_seconds": [r.get("init_seconds") for r in results],
         "drafter_class": drafter.get("class"), "draft_bytes": drafter.get("allocated_bytes"),
@@ -77,10 +82,10 @@ def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, prompts: list[str],
     return finish_row(row, runs)
 
 
-def run_offline(sweep: Sweep, checkpoints: dict[str, Checkpoint], prompts: list[str],
+def run_offline(sweep: Sweep, checkpoints: dict[str, Checkpoint], passes: list[dict],
                 log_dir: Path, on_start: Callable[[str], None] = lambda label: None,
                 on_done: Callable[[], None] = lambda: None) -> list[dict]:
-    """Every configuration, ``sweep.processes`` rounds; one row per configuration."""
+    """Every configuration, ``sweep.processes`` rounds; one row per configuration and pass."""
     configs = sweep.configs()
     results: dict[Config, list[dict]] = {c: [] for c in configs}
     for round_ in range(sweep.processes):
@@ -89,6 +94,7 @@ def run_offline(sweep: Sweep, checkpoints: dict[str, Checkpoint], prompts: list[
             ckpt = checkpoints[config.checkpoint]
             log_path = log_dir / (f"offline-{ckpt.label}-{config.impl}-k{config.k}"
                                   f"-c{config.concurrency}-p{round_}.log")
-            results[config].append(run_process(sweep, ckpt, config, prompts, log_path))
+            results[config].append(run_process(sweep, ckpt, config, passes, log_path))
             on_done()
-    return [make_row(sweep, checkpoints[c.checkpoint], c, prompts, results[c]) for c in configs]
+    return [make_row(sweep, checkpoints[c.checkpoint], c, measured, results[c])
+            for c in configs for measured in passes]

@@ -3,6 +3,11 @@
 ShareGPT files (a JSON list, or JSONL, of ``{"conversations": [{"from": "human", "value": ...},
 ...]}``; ``role``/``content`` keys work too) contribute the first human turn of each conversation,
 which is what ``vllm bench serve --dataset-name sharegpt`` sends as the prompt as well.
+
+A JSONL record may carry a ``kind`` (e.g. ``code``, ``prose``, ``chat``): the benchmark then
+measures each kind as its own pass and reports it on its own row, since acceptance depends on
+the content (``load_prompt_groups``). Records of kind ``chat`` (a ``prompt`` as the user's turn)
+and records with OpenAI ``messages`` are sent as chats, through the model's chat template.
 """
 
 from __future__ import annotations
@@ -36,6 +41,58 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+ALL = "all"
+
+
+def _cycled(prompts: list[str], limit: int | None) -> list[str]:
+    if limit is None:
+        return prompts
+    return [prompts[i % len(prompts)] for i in range(limit)]
+
+
+CHAT = "chat"
+
+
+def _chat_of(record: dict) -> list[dict] | None:
+    """The conversation a record sends as a chat, or None for a completion prompt."""
+    messages = record.get("messages")
+    if messages and all("role" in m and "content" in m for m in messages):
+        return [{"role": m["role"], "content": str(m["content"])} for m in messages]
+    if record.get("kind") == CHAT and "prompt" in record:
+        return [{"role": "user", "content": str(record["prompt"])}]
+    return None
+
+
+def load_prompt_groups(path: str | Path | None = None, limit: int | None = None,
+                       by_kind: bool = True) -> dict[str, list]:
+    """Prompts per ``kind`` field, ``limit`` per kind: completion prompts (str) or, for chats,
+    OpenAI message lists (records without a kind: ``"all"``, or ``"chat"`` for chats).
+
+    ``by_kind=False`` (or no file) gives one group, ``{"all": load_prompts(...)}``.
+    """
+    if path is None or not by_kind:
+        return {ALL: load_prompts(path, limit)}
+    path = Path(path)
+    groups: dict[str, list] = {}
+    for i, record in enumerate(_records(path)):
+        chat = _chat_of(record)
+        prompt = chat or _prompt_of(record, f"{path}: record {i}")
+        if prompt:
+            kind = str(record.get("kind") or (CHAT if chat else ALL))
+            groups.setdefault(kind, []).append(prompt)
+    if not groups:
+        raise ValueError(f"no prompts found in {path}")
+    for kind, prompts in groups.items():
+        if len({isinstance(p, list) for p in prompts}) > 1:
+            raise ValueError(f"{path}: kind {kind!r} mixes chats and completion prompts; give "
+                             "them different kinds")
+    return {kind: _cycled(prompts, limit) for kind, prompts in groups.items()}
+
+
+def is_chat(prompts: list) -> bool:
+    return bool(prompts) and isinstance(prompts[0], list)
+
+
 def load_prompts(path: str | Path | None = None, limit: int | None = None) -> list[str]:
     """Prompts from ``path`` (JSONL or JSON; see the module docstring), or the bundled set.
 
@@ -53,9 +110,7 @@ def load_prompts(path: str | Path | None = None, limit: int | None = None) -> li
                 prompts.append(prompt)
     if not prompts:
         raise ValueError(f"no prompts found in {path}")
-    if limit is None:
-        return prompts
-    return [prompts[i % len(prompts)] for i in range(limit)]
+    return _cycled(prompts, limit)
 
 
 def write_sharegpt(prompts: list[str], path: str | Path, completion: str = "ok ok ok ok") -> Path:

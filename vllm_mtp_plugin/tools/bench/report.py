@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-COLUMNS = ("checkpoint", "impl", "k", "conc", "tok/s", "speed-up", "ideal", "meas/ideal",
+COLUMNS = ("checkpoint", "impl", "prompts", "T", "k", "conc", "tok/s", "speed-up", "ideal", "meas/ideal",
            "vs in-tree", "accept", "accept len", "per position", "TTFT ms mean/p50/p99",
            "TPOT ms mean/p50/p99", "draft MiB", "other CPU s")
 
@@ -39,7 +39,8 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
     for r in rows:
         per_pos = r.get("per_position_acceptance") or []
         out.append([
-            r["checkpoint"], r["impl"], str(r["k"]), str(r["concurrency"]),
+            r["checkpoint"], r["impl"], str(r.get("prompts") or "all"),
+            _num(r.get("temperature"), "{:g}"), str(r["k"]), str(r["concurrency"]),
             _tok_s(r), _num(r.get("speedup"), "{:.2f}×"),
             _num(r.get("ideal_speedup"), "{:.2f}×"), _num(r.get("measured_over_ideal")),
             _num(r.get("vs_in_tree")), _num(r.get("acceptance_rate"), "{:.1%}"),
@@ -53,7 +54,9 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    modes = sorted({r.get("compilation") or "eager" for r in rows})
+    lines = [f"Engines: {', '.join(modes)}.", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     return "\n".join(lines)
 
@@ -64,7 +67,8 @@ def interference_text(rows: list[dict], cpus: int, share: float = 0.05) -> str:
     for r in rows:
         i = r.get("interference") or {}
         if i.get("other_cpu_s") is not None and i["other_cpu_s"] > share * i["wall_s"] * cpus:
-            busy.append(f"{r['checkpoint']} {r['impl']} k={r['k']} c={r['concurrency']} "
+            busy.append(f"{r['checkpoint']} {r['impl']} {r.get('prompts') or 'all'} "
+                        f"T={r.get('temperature') or 0:g} k={r['k']} c={r['concurrency']} "
                         f"({i['other_cpu_s']:.0f} CPU s in {i['wall_s']:.0f} s)")
     if not busy:
         return ""
@@ -106,12 +110,16 @@ def write_json(path: Path, settings: dict, rows: list[dict], environment: dict) 
     return path
 
 
+_PREFIX = {"concurrency": "c=", "temperature": "T="}
+SERIES_FIELDS = ("checkpoint", "impl", "concurrency", "prompts", "temperature")
+
+
 def _series_label(r: dict, varying: list[str]) -> str:
-    return " ".join(f"{r[f]}" if f != "concurrency" else f"c={r[f]}" for f in varying) or r["impl"]
+    return " ".join(f"{_PREFIX.get(f, '')}{r.get(f)}" for f in varying) or r["impl"]
 
 
-def _varying(rows: list[dict], fields=("checkpoint", "impl", "concurrency")) -> list[str]:
-    return [f for f in fields if len({r[f] for r in rows}) > 1]
+def _varying(rows: list[dict], fields=SERIES_FIELDS) -> list[str]:
+    return [f for f in fields if len({r.get(f) for r in rows}) > 1]
 
 
 def _save(plt, fig, ax, path: Path, integer_x: bool = True) -> Path:
@@ -166,7 +174,7 @@ def plot_all(rows: list[dict], out_dir: Path) -> list[Path]:
 
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     if len(impls) > 1:
-        rest = _varying(rows, ("checkpoint", "concurrency"))
+        rest = _varying(rows, tuple(f for f in SERIES_FIELDS if f != "impl"))
         groups = sorted({(_series_label(r, rest) if rest else "", r["k"]) for r in rows},
                         key=lambda g: (g[0], g[1]))
         fig, ax = plt.subplots(figsize=(6.4, 4), dpi=100)

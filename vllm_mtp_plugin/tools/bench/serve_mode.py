@@ -40,15 +40,18 @@ def server_env(impl: str, runner: str | None = None) -> dict[str, str]:
 
 def serve_args(sweep: Sweep, k: int, dtype: str | None = None) -> list[str]:
     dtype = dtype or sweep.dtype
-    args = ["--enforce-eager", "--max-model-len", str(sweep.max_model_len),
+    args = ["--enforce-eager"] if sweep.eager else []
+    args += ["--max-model-len", str(sweep.max_model_len),
             "--max-num-seqs", str(max(sweep.concurrencies)), "--dtype", dtype,
             "--seed", str(sweep.seed)]
     return args + serve_args_for_dtype(dtype, {"method": "mtp", "num_speculative_tokens": k} if k else None)
 
 
-def measure(base_url: str, model: str, sweep: Sweep, concurrency: int, prompts: list[str],
+def measure(base_url: str, model: str, sweep: Sweep, concurrency: int, measured: dict,
             meter: Meter, on_done: Callable[[], None] | None = None) -> list[dict]:
-    """Warm up, then ``repeats`` passes (inside ``meter``); one run dict per pass."""
+    """Warm up, then ``repeats`` passes of ``measured`` (one of ``Sweep.passes``, inside
+    ``meter``); one run dict per pass."""
+    prompts, sampling = measured["prompts"], measured["sampling"]
     if sweep.warmup:
         run_requests(base_url, model, prompts[: max(sweep.warmup, concurrency)],
                      sweep.max_tokens, concurrency)
@@ -57,7 +60,8 @@ def measure(base_url: str, model: str, sweep: Sweep, concurrency: int, prompts: 
         for _ in range(sweep.repeats):
             before = metrics.scrape(base_url)
             requests, seconds = run_requests(base_url, model, prompts, sweep.max_tokens,
-                                             concurrency, on_done)
+                                             concurrency, on_done, sampling["temperature"],
+                                             sampling.get("seed"))
             counters = metrics.scrape(base_url) - before
             tokens = sum(r["output_tokens"] for r in requests)
             runs.append({
@@ -69,10 +73,11 @@ def measure(base_url: str, model: str, sweep: Sweep, concurrency: int, prompts: 
     return runs
 
 
-def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], prompts: list[str],
+def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], passes: list[dict],
                      log_dir: Path, log: Callable[[str], None],
                      on_done: Callable[[], None] | None = None) -> list[dict]:
-    """All concurrencies of one (checkpoint, impl, k) against one server; one row each."""
+    """All concurrencies and passes of one (checkpoint, impl, k) against one server; one row
+    each."""
     first = configs[0]
     server = None
     if sweep.base_url:
@@ -86,21 +91,26 @@ def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], prom
         base_url, model = server.base_url, str(ckpt.path)
     rows = []
     try:
-        for config in configs:
+        for config, measured in ((c, m) for c in configs for m in passes):
+            prompts = measured["prompts"]
             meter = Meter()
             if server:
                 meter.watch(server.process.pid)
-            runs = measure(base_url, model, sweep, config.concurrency, prompts, meter, on_done)
+            runs = measure(base_url, model, sweep, config.concurrency, measured, meter, on_done)
             row = finish_row({
                 "mode": "serve", "checkpoint": ckpt.label, "checkpoint_path": str(ckpt.path),
                 "parameters": ckpt.parameters, "impl": config.impl, "k": config.k,
-                "concurrency": config.concurrency, "num_prompts": len(prompts),
+                "concurrency": config.concurrency, **measured["label"],
+                "num_prompts": len(prompts), "compilation": sweep.compilation,
                 "max_tokens": sweep.max_tokens, "repeats": sweep.repeats,
                 "base_url": base_url, "drafter_class": None, "draft_bytes": None,
                 "log": str(server.log_path) if server else None,
                 "interference": meter.result(),
             }, runs)
-            if sweep.cross_check and config.k:
+            # vllm bench serve is compared on greedy completion passes only (it sends
+            # completions; sampled passes are not repeatable across separate runs).
+            if (sweep.cross_check and config.k and not measured["chat"]
+                    and not measured["sampling"]["temperature"]):
                 log(f"cross-check: vllm bench serve on {config.label()}")
                 theirs = run_vllm_bench_serve(base_url, model, str(ckpt.path), prompts,
                                               sweep.max_tokens, config.concurrency)

