@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-# Small, fast engines (notes in README: "What is tested where").
+# Small, fast engines (docs/testing.md).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 

@@ -67,7 +67,7 @@ def rms(x, weight):
 
 
 def reference_fusion(t, ids, positions, hidden):
-    """h_proj(hnorm(h)) per stream + e_proj(enorm(e)), notes/mtp.md, in fp32."""
+    """h_proj(hnorm(h)) per stream + e_proj(enorm(e)) (docs/v4.md), in fp32."""
     w = lambda n: t[f"mtp.0.{n}"].float()  # noqa: E731
     e = t["embed.weight"].float()[ids] * (positions != 0).float()[:, None]
     h = hidden.float().view(-1, HC, H)

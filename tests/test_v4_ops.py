@@ -11,7 +11,7 @@ RMS_EPS, HC_EPS = 1e-6, 1e-6
 
 
 def reference(x, fn, scale, base, rms_eps=RMS_EPS, hc_eps=HC_EPS):
-    """notes/mtp.md, one token and one stream at a time, in float64."""
+    """docs/v4.md's formula, one token and one stream at a time, in float64."""
     tokens, hc, hidden = x.shape
     out = torch.empty(tokens, hidden, dtype=torch.float64)
     for t in range(tokens):

@@ -1,6 +1,6 @@
 """DeepSeek-V4 ``hc_head`` in plain PyTorch, and its place in vLLM's custom-op dispatch.
 
-``hc_head`` collapses the ``hc_mult`` residual streams of a V4 hidden state into one (notes/mtp.md):
+``hc_head`` collapses the ``hc_mult`` residual streams of a V4 hidden state into one (docs/v4.md):
 
     xf  = x.flatten(-2) in fp32                                     # (T, hc_mult*H)
     mix = (xf * rsqrt(mean(xf^2) + rms_eps)) @ hc_fn.T              # (T, hc_mult)

@@ -3,7 +3,7 @@
 The flags come from one probe, ``vllm_mtp_plugin.tools.cpu_features`` (read once per process;
 ``MTP_TEST_HIDE_AVX512=1`` hides AVX-512 and AMX). Skip only where the hardware really is the
 limit: tests of names, shapes, maps and loading select their kernels explicitly instead
-(``v4_support/harness.py``). The README's "Hardware the tests need" lists every user of these.
+(``v4_support/harness.py``). docs/testing.md, "Hardware the tests need", lists every user of these.
 """
 
 import pytest

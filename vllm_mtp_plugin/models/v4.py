@@ -1,6 +1,6 @@
 """The DeepSeek-V4 MTP layer and the class vLLM builds for ``DeepSeekV4MTPModel``.
 
-Per layer (notes/mtp.md, V4): the target hands over its pre-``hc_head`` residual ``(T, hc_mult*H)``;
+Per layer (docs/v4.md): the target hands over its pre-``hc_head`` residual ``(T, hc_mult*H)``;
 
     x = h_proj(hnorm(h)) + e_proj(enorm(e))      # h per stream, e broadcast: (T, hc_mult, H)
     x = block(x)                                 # the platform's own hyper-connected V4 block

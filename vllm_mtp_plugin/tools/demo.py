@@ -133,7 +133,7 @@ def measure_by_kind(client, base_url: str, model: str, prompts: list[tuple[str, 
 
 
 def engine_dtype_args() -> list[str]:
-    """bf16 where the CPU computes in it (AVX512-BF16), else fp32 (notes in README: "On CPU")."""
+    """bf16 where the CPU computes in it (AVX512-BF16), else fp32 (docs/platforms.md: "On CPU")."""
     from vllm_mtp_plugin.platform import platform_family
 
     from .cpu_features import AVX512_BF16, host_cpu_flags
