@@ -180,8 +180,8 @@ def decoder_layer(src: SourceTree) -> Result:
 
 
 def torch_compile_decorator(src: SourceTree) -> Result:
-    """Our V3 class is decorated bare (``@support_torch_compile``): its first parameter is the
-    class."""
+    """Our V3 MTP layer class is decorated bare (``@support_torch_compile``, one compiled graph
+    per layer): its first parameter is the class."""
     func = src.find_function("vllm.compilation.decorators", "support_torch_compile")
     if func is None:
         return Result("fail", "support_torch_compile not found")

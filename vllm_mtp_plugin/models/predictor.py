@@ -129,7 +129,7 @@ class MTPLayerStack(nn.Module):
                 "Use a checkpoint with MTP layers, or serve without --speculative-config."
             )
         self.layers = nn.ModuleDict({
-            str(idx): layer_cls(vllm_config, f"{prefix}.layers.{idx}")
+            str(idx): layer_cls(vllm_config=vllm_config, prefix=f"{prefix}.layers.{idx}")
             for idx in self.layer_indices()
         })
 

@@ -64,9 +64,16 @@ def uses_rotation(vllm_config: VllmConfig) -> bool:
     return ROTATION_WEIGHT in read_checkpoint(Path(model_dir))[0]
 
 
+@support_torch_compile
 class DeepSeekV3MTPLayer(nn.Module):
     """One V3 MTP module. Returns ``(pre_norm, shared_head.norm(pre_norm))``: vLLM's V1 proposer
-    samples from the first (through ``compute_logits``) and feeds the second to the next step."""
+    samples from the first (through ``compute_logits``) and feeds the second to the next step.
+
+    Compiled per layer, not as a whole drafter: vLLM traces a compiled forward once and drops its
+    guards, so a drafter compiled as one module keeps the MTP layer its first draft step chose
+    (``spec_step_idx`` is a Python int) - on Model Runner V2 every later step would run layer L
+    again. Each layer here has a graph of its own and the step picks among them outside any trace.
+    """
 
     def __init__(self, vllm_config: VllmConfig, prefix: str):
         super().__init__()
@@ -110,7 +117,6 @@ class DeepSeekV3MTPLayer(nn.Module):
         return mlp if isinstance(mlp, DeepseekV2MoE) else None
 
 
-@support_torch_compile
 class DeepSeekMTP(DeepSeekMultiTokenPredictor, DeepseekV2MixtureOfExperts):
     """Registered as ``DeepSeekMTPModel``: vLLM's V1 proposer unpacks a tuple from this name."""
 
@@ -156,8 +162,7 @@ class DeepSeekMTP(DeepSeekMultiTokenPredictor, DeepseekV2MixtureOfExperts):
         inputs_embeds: torch.Tensor | None = None,
         spec_step_idx: int = 0,
     ) -> torch.Tensor:
-        """``rot`` first, then the predictor's forward. The signature repeats the predictor's on
-        purpose: ``support_torch_compile`` binds arguments against this exact signature."""
+        """``rot`` first, then the predictor's forward (which runs the step's compiled layer)."""
         if self.rotation is not None:
             hidden_states = self.rotation(hidden_states)
         return super().forward(input_ids, positions, hidden_states, intermediate_tensors,
