@@ -98,25 +98,25 @@ def test_trained_model_compiled_by_prompt_kind_and_temperature(tmp_path, monkeyp
     """The README's headline configuration, small: vLLM's default compilation, the trained
     model's code/prose/chat prompts (chat through its template), greedy and sampled."""
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))  # shared by the engines
-    code = main(["offline", "-m", "trained", "-k", "0", "2", "--impl", "plugin", "in-tree",
+    code = main(["offline", "-m", "trained", "-k", "2", "--impl", "plugin", "in-tree",
                  "--temperature", "0", "1", "--num-prompts", "2", "--max-tokens", "16",
                  "--repeats", "1", "--processes", "1", "--cache-dir", str(tmp_path / "cache"),
                  "--out", str(tmp_path), "--no-plots"])
     assert code == 0
     rows = json.loads((tmp_path / "results.json").read_text())["results"]
     by_key = {(r["impl"], r["k"], r["prompts"], r["temperature"]): r for r in rows}
-    assert len(rows) == len(by_key) == 2 * 2 * 3 * 2
+    assert len(rows) == len(by_key) == 2 * 3 * 2
     for kind in ("code", "prose", "chat"):
         for temperature in (0.0, 1.0):
             plugin, tree = (by_key[(impl, 2, kind, temperature)] for impl in ("plugin", "in-tree"))
             assert plugin["compilation"] == "vLLM default (compiled)"
             assert plugin["runs"][0]["output_tokens"] == 2 * 16
-            assert plugin["speedup"] is not None and plugin["vs_in_tree"] is not None
+            assert plugin["vs_in_tree"] > 0 and plugin["speedup"] is None  # no k = 0 measured
             assert 0 < plugin["spec_decode"]["num_drafts"] <= 2 * 16
             if temperature == 0:  # greedy: both drafters propose the same tokens
                 assert plugin["spec_decode"] == tree["spec_decode"], kind
     logs = [p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log")]
-    assert len(logs) == 4 and all("saved AOT compiled function" in log for log in logs)
+    assert len(logs) == 2 and all("saved AOT compiled function" in log for log in logs)
     # patches.skip_unloadable_aot_cache: later engines of the same target load nothing
     assert not any("due to a load failure" in log for log in logs)
     assert "| trained | plugin | chat | 1 | 2 |" in (tmp_path / "table.md").read_text()
