@@ -71,6 +71,11 @@ def test_demo_runs_end_to_end_on_the_trained_model(tmp_path):
                          text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "server ready after" in out.stdout
+    # bf16 (the checkpoint's) where the CPU computes in it, else fp32; compiled, as users run it.
+    from vllm_mtp_plugin.tools.cpu_features import AVX512_BF16, host_cpu_flags
+
+    dtype = "the checkpoint's" if AVX512_BF16 in host_cpu_flags() else "float32"
+    assert f"[demo] engine dtype: {dtype}; vLLM's default compilation" in out.stdout
     # Two requests of each kind, each printed with its reply: replies differ by prompt.
     replies = re.findall(r"^\[demo\] (code|prose|chat) +.* -> 16 tokens: (.*)$", out.stdout, re.M)
     assert [kind for kind, _ in replies] == ["code"] * 2 + ["prose"] * 2 + ["chat"] * 2

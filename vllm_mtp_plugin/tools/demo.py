@@ -168,12 +168,16 @@ def main(argv=None) -> int:
                                                                 args.variant)
     spec = {"method": "mtp", "num_speculative_tokens": args.num_speculative_tokens}
     serve_args = ["--speculative-config", json.dumps(spec), "--served-model-name", "mtp-demo",
-                  "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "8"]
-    if args.variant == "v3":
+                  "--max-model-len", "1024", "--max-num-seqs", "8"]
+    if args.variant == "v3":  # vLLM's default compilation, as users run it
         serve_args += engine_dtype_args()
+        dtype = serve_args[-1] if "--dtype" in serve_args else "the checkpoint's"
+        print(f"[demo] engine dtype: {dtype}; vLLM's default compilation")
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if args.variant == "v4":
-        serve_args += ["--dtype", "bfloat16"]  # V4 runs in bf16 on CPU
+        # V4 runs in bf16 on CPU, here under Triton's interpreter: eager, as its tests (compiling
+        # the interpreted target would only add minutes).
+        serve_args += ["--dtype", "bfloat16", "--enforce-eager"]
         env = harness_env({**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
         if needs_interpreter():
             print(f"[demo] NOTE: {V4_HARNESS_NOTE}.")
