@@ -245,21 +245,23 @@ def expand_kernel_on_cpu() -> None:
 _vllm_apply_top_k_only: Callable | None = None
 
 
-def apply_top_k_only(logits, k):
-    """vLLM's ``apply_top_k_only``, which leaves a batch without rows as it is."""
+def apply_top_k_only(logits, k, *args, **kwargs):
+    """vLLM's ``apply_top_k_only``, which leaves a batch without rows as it is (any further
+    arguments a later vLLM adds pass through)."""
     if logits.shape[0] == 0:
         return logits
-    return _vllm_apply_top_k_only(logits, k)
+    return _vllm_apply_top_k_only(logits, k, *args, **kwargs)
 
 
 def _probe_top_k_on_empty_batch() -> str | None:
     """Needed where top-k runs through vLLM's PyTorch path (no Triton) and fails on zero rows."""
     import torch
     from vllm.triton_utils import HAS_TRITON
+
+    if HAS_TRITON:  # before importing the sampler module: GPU processes need not load it here
+        return "Triton's top-k/top-p kernel runs here"
     from vllm.v1.sample.ops import topk_topp_sampler
 
-    if HAS_TRITON:
-        return "Triton's top-k/top-p kernel runs here"
     if topk_topp_sampler.apply_top_k_only is apply_top_k_only:
         return "already applied in this process"
     try:
