@@ -2,6 +2,7 @@
 
 import sys
 
+import pytest
 import torch
 
 from vllm_mtp_plugin import patches
@@ -28,3 +29,29 @@ def test_top_k_probe_leaves_the_sampler_unimported_where_triton_runs(monkeypatch
     monkeypatch.delitem(sys.modules, SAMPLER, raising=False)
     assert patches._probe_top_k_on_empty_batch() == "Triton's top-k/top-p kernel runs here"
     assert SAMPLER not in sys.modules
+
+
+def test_expert_names_are_read_by_projection_and_a_renamed_helper_is_refused(monkeypatch):
+    from vllm.model_executor.layers.fused_moe import layer
+
+    from vllm_mtp_plugin import platform
+
+    platform.fused_moe_expert_params.cache_clear()
+    assert platform.fused_moe_expert_params() == {
+        "gate_proj": "experts.routed_experts.w13_", "down_proj": "experts.routed_experts.w2_",
+        "up_proj": "experts.routed_experts.w13_"}  # vLLM 0.32's names, from its helper
+    monkeypatch.setattr(layer, "fused_moe_make_expert_params_mapping",
+                        lambda **kw: [("moe.w13_", "gate_proj.0.", 0, "w1"),
+                                      ("moe.w2_", "down_proj.0.", 0, "w2"),
+                                      ("moe.w13_", "up_proj.0.", 0, "w3")])
+    platform.fused_moe_expert_params.cache_clear()
+    assert platform.fused_moe_expert_params() == {"gate_proj": "moe.w13_", "down_proj": "moe.w2_",
+                                                 "up_proj": "moe.w13_"}  # found wherever it sits
+    monkeypatch.setattr(layer, "fused_moe_make_expert_params_mapping",
+                        lambda **kw: [("moe.w13_", "experts.0.w1.", 0, "w1")])
+    platform.fused_moe_expert_params.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"moe\.w13_.*MTP_PLUGIN=off"):
+            platform.fused_moe_expert_params()
+    finally:
+        platform.fused_moe_expert_params.cache_clear()

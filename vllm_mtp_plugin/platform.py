@@ -9,18 +9,36 @@ from __future__ import annotations
 import functools
 
 
+PROJECTIONS = ("gate_proj", "down_proj", "up_proj")
+
+
 @functools.cache
 def fused_moe_expert_params() -> dict[str, str]:
     """Fused-MoE parameter prefixes by checkpoint projection, as this vLLM names them.
 
     vLLM 0.32 keeps routed experts under ``experts.routed_experts.w13_``/``w2_``; older releases
-    used ``experts.w13_``. The answer comes from vLLM's own mapping helper.
+    used ``experts.w13_``. The answer comes from vLLM's own mapping helper, called by keyword and
+    read by projection name wherever it sits in the weight name; an answer without all three
+    projections is refused with what was found (the drafter's experts could not be loaded).
     """
     from torch import nn
     from vllm.model_executor.layers.fused_moe.layer import fused_moe_make_expert_params_mapping
 
-    mapping = fused_moe_make_expert_params_mapping(nn.Module(), "gate_proj", "down_proj", "up_proj", 1)
-    return {weight_name.split(".")[2]: param for param, weight_name, _, _ in mapping}
+    mapping = fused_moe_make_expert_params_mapping(
+        model=nn.Module(), ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
+        ckpt_up_proj_name="up_proj", num_experts=1)
+    found = {}
+    for entry in mapping:
+        param, weight_name = entry[0], entry[1]
+        names = [part for part in str(weight_name).split(".") if part in PROJECTIONS]
+        if names:
+            found[names[0]] = param
+    if set(found) != set(PROJECTIONS):
+        raise RuntimeError(
+            "vllm-mtp-plugin: vLLM's fused_moe_make_expert_params_mapping no longer names the "
+            f"expert projections as expected (found {found or mapping!r}); the MTP drafter cannot "
+            "map its experts. Set MTP_PLUGIN=off to draft with vLLM's own class.")
+    return found
 
 
 def host_compares_head_copies() -> bool:

@@ -140,7 +140,8 @@ def proposer_shares_embedding_and_head(src: SourceTree) -> Result:
 
 
 def fused_moe_mapping(src: SourceTree) -> Result:
-    """``platform.fused_moe_expert_params`` calls it as (module, gate, down, up, num_experts)."""
+    """``platform.fused_moe_expert_params`` calls it with the keywords model,
+    ckpt_gate_proj_name, ckpt_down_proj_name, ckpt_up_proj_name, num_experts."""
     func = src.find_function("vllm.model_executor.layers.fused_moe.layer",
                              "fused_moe_make_expert_params_mapping")
     if func is None:
