@@ -55,3 +55,15 @@ def test_expert_names_are_read_by_projection_and_a_renamed_helper_is_refused(mon
             platform.fused_moe_expert_params()
     finally:
         platform.fused_moe_expert_params.cache_clear()
+
+
+def test_precedence_survives_a_renamed_model_table(monkeypatch):
+    from vllm.model_executor.models import registry
+
+    from vllm_mtp_plugin import ARCHITECTURES, precedence
+
+    monkeypatch.delattr(registry, "_VLLM_MODELS")
+    monkeypatch.setattr(precedence, "_warned", set())
+    assert precedence.in_tree_qualname("DeepSeekMTPModel") is None
+    assert precedence.apply(ARCHITECTURES)["DeepSeekMTPModel"] == "ours"
+    assert precedence._warned == {"in-tree table"}  # warned once, plugin still registered

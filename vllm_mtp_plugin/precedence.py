@@ -77,10 +77,21 @@ def registered_qualname(registry, arch: str) -> str | None:
 
 
 def in_tree_qualname(arch: str) -> str | None:
+    """``module:Class`` of vLLM's own entry for ``arch``, from its private model table; None (and
+    one warning) where that table is not found, so a rename in vLLM costs only the restore of
+    vLLM's class after ``MTP_PLUGIN=off`` in a process that had registered ours."""
     from vllm.model_executor.models import registry
 
-    known = registry._VLLM_MODELS.get(arch)
-    return f"{registry._resolve_module_name(known[0])}:{known[1]}" if known else None
+    try:
+        known = registry._VLLM_MODELS.get(arch)
+        return f"{registry._resolve_module_name(known[0])}:{known[1]}" if known else None
+    except (AttributeError, TypeError, IndexError) as exc:
+        if "in-tree table" not in _warned:
+            _warned.add("in-tree table")
+            logger.warning("vllm-mtp-plugin: vLLM's model table (registry._VLLM_MODELS, "
+                           "_resolve_module_name) not found (%s: %s); vLLM's own MTP classes are "
+                           "not recognised by name.", type(exc).__name__, exc)
+        return None
 
 
 def apply(architectures: dict[str, str]) -> dict[str, str]:
@@ -102,8 +113,9 @@ def apply(architectures: dict[str, str]) -> dict[str, str]:
             outcome[arch] = "ours"
             continue
         claimed.pop(arch, None)
-        if current == target:  # registered by an earlier call in this process
-            _vllm_register(ModelRegistry)(arch, others.get(arch) or in_tree_qualname(arch))
+        restore = others.get(arch) or in_tree_qualname(arch)
+        if current == target and restore:  # registered by an earlier call in this process
+            _vllm_register(ModelRegistry)(arch, restore)
         outcome[arch] = f"left: {reason}"
         if arch not in _warned:
             _warned.add(arch)
