@@ -119,3 +119,21 @@ def test_sampling_with_mtp_has_the_distribution_of_sampling_without(model_dir):
         b = [ids[position] for ids in with_mtp["token_ids"]]
         assert homogeneity_p_value(a, b) >= ALPHA, (collections.Counter(a).most_common(3),
                                                      collections.Counter(b).most_common(3))
+
+
+def test_rebuild_reproduction_check():
+    """What ``build-tiny --mode trained --rebuild`` prints against the shipped record."""
+    import copy
+
+    from vllm_mtp_plugin.tools.tiny import trained
+
+    shipped = json.loads((trained.shipped_dir() / "training.json").read_text())
+    assert all(ok for _, ok in trained.reproduction_report(shipped, shipped))
+    near = copy.deepcopy(shipped)
+    near["metrics"]["code"]["perplexity"] *= 1.02  # within 3 %
+    near["metrics"]["prose"]["mtp_top1_accuracy"] -= 0.009
+    assert all(ok for _, ok in trained.reproduction_report(near, shipped))
+    far = copy.deepcopy(shipped)
+    far["metrics"]["prose"]["perplexity"] *= 1.05
+    far["metrics"]["code"]["mtp_top1_accuracy"] += 0.02
+    assert [ok for _, ok in trained.reproduction_report(far, shipped)] == [False, False]

@@ -75,6 +75,12 @@ def build_trained(args) -> int:
             print(f"{kind}: held-out perplexity {row['perplexity']:.1f} (unigram "
                   f"{row['unigram_perplexity']:.1f}), MTP top-1 accuracy "
                   f"{row['mtp_top1_accuracy']:.3f}")
+        if settings == TrainSettings():
+            tol = trained.REPRODUCTION_TOLERANCE
+            for line, ok in trained.reproduction_report(record):
+                print(f"{'reproduces' if ok else 'DIFFERS FROM'} the shipped model: {line} "
+                      f"(tolerance {tol['perplexity']:.0%} perplexity, "
+                      f"{tol['mtp_top1_accuracy']} top-1)")
         print(Path(args.out_dir))
         return 0
     mtp_layers = 1 if args.mtp_layers is None else args.mtp_layers

@@ -33,6 +33,30 @@ SHIPPED_FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenize
                  "training.json", "loss.png")
 
 
+# How close a rebuild with the shipped settings must come to the shipped record: relative for
+# perplexity, absolute for MTP top-1 accuracy. On the machine kind that trained it (torch
+# 2.13.0+cpu, 2 threads, x86-64 with AVX-512/AMX) the rebuild is bit-identical; other CPUs sum in
+# another order, which the margins allow for.
+REPRODUCTION_TOLERANCE = {"perplexity": 0.03, "mtp_top1_accuracy": 0.01}
+
+
+def reproduction_report(record: dict, shipped: dict | None = None) -> list[tuple[str, bool]]:
+    """Each held-out metric of ``record`` against the shipped one: ``(line, within tolerance)``."""
+    if shipped is None:
+        shipped = json.loads((shipped_dir() / "training.json").read_text())
+    lines = []
+    for kind, ours in record["metrics"].items():
+        theirs = shipped["metrics"][kind]
+        ppl = abs(ours["perplexity"] - theirs["perplexity"]) / theirs["perplexity"]
+        top1 = abs(ours["mtp_top1_accuracy"] - theirs["mtp_top1_accuracy"])
+        ok = (ppl <= REPRODUCTION_TOLERANCE["perplexity"]
+              and top1 <= REPRODUCTION_TOLERANCE["mtp_top1_accuracy"])
+        lines.append((f"{kind}: perplexity {ours['perplexity']:.2f} vs shipped "
+                      f"{theirs['perplexity']:.2f} ({ppl:.1%}), MTP top-1 "
+                      f"{ours['mtp_top1_accuracy']:.3f} vs {theirs['mtp_top1_accuracy']:.3f}", ok))
+    return lines
+
+
 def shipped_dir() -> Path:
     return Path(str(resources.files("vllm_mtp_plugin.tools").joinpath("data/trained")))
 
