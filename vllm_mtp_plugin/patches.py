@@ -11,7 +11,8 @@ fixes, how to see the problem, when it can go.
 * ``v4_cpu_tile_scheduler_keys``: registered by ``register()`` on CPU platforms, applied when vLLM
   imports its CPU V4 attention module.
 * ``patch_cli_version_lookup``: applied by the ``vllm-mtp`` command only (never inside vLLM).
-* ``import_v4_module``: used while building the V4 drafter on out-of-tree platforms.
+* ``platform.import_v4_module`` (in ``platform.py``, with the V4 block lookup it serves): used
+  while building the V4 drafter on out-of-tree platforms.
 * ``precedence.keep_claimed_architectures`` (in ``precedence.py``, with the rule it serves):
   applied by ``register()``; keeps this plugin's architectures when another general plugin
   registers the same names later during plugin loading.
@@ -562,34 +563,3 @@ def patch_cli_version_lookup() -> None:
         return original(name)
 
     metadata.version = version
-
-
-def import_v4_module(module_name: str):
-    """Import ``module_name``, skipping ``vllm/models/deepseek_v4/__init__.py`` on OOT platforms.
-
-    What it works around: that ``__init__`` picks amd/, xpu/, cpu/ and otherwise nvidia/, so on
-    an out-of-tree platform importing *any* ``vllm.models.deepseek_v4.*`` module first imports the
-    CUDA implementation (tilelang/FlashMLA modules). How to see it: under an out-of-tree platform,
-    ``import vllm.models.deepseek_v4.cpu.model`` puts ``vllm.models.deepseek_v4.nvidia.model`` in
-    ``sys.modules``. What it does: when the package is not imported yet, it is registered
-    unexecuted for the duration of this one import, then removed again, so a later plain
-    ``import vllm.models.deepseek_v4`` still runs vLLM's own ``__init__``. When it can go: once
-    vLLM's package ``__init__`` has an out-of-tree branch (newer vLLM has ``hw_agnostic/``).
-    Nothing is patched on cuda/rocm/xpu/cpu, where the package imports only its own branch.
-    """
-    import importlib
-    import importlib.util
-    import sys
-
-    from .platform import V4_PACKAGE, platform_family
-
-    already = V4_PACKAGE in sys.modules
-    if already or not module_name.startswith(V4_PACKAGE + ".") or platform_family() != "oot":
-        return importlib.import_module(module_name)
-    shell = importlib.util.module_from_spec(importlib.util.find_spec(V4_PACKAGE))
-    sys.modules[V4_PACKAGE] = shell
-    try:
-        return importlib.import_module(module_name)
-    finally:
-        if sys.modules.get(V4_PACKAGE) is shell:
-            del sys.modules[V4_PACKAGE]

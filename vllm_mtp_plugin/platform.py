@@ -176,7 +176,6 @@ def v4_module_exists(module_name: str) -> bool:
 
 def deepseek_v4_block_cls() -> type:
     """The platform's V4 decoder block class, imported without the other platforms' modules."""
-    from .patches import import_v4_module
 
     module_name, _, cls_name = deepseek_v4_block_qualname().partition(":")
     return getattr(import_v4_module(module_name), cls_name)
@@ -201,3 +200,32 @@ def deepseek_v4_aux_streams(count: int = 3) -> list | None:
     ):
         return [device_module.Stream() for _ in range(count)]
     return None
+
+
+def import_v4_module(module_name: str):
+    """Import ``module_name``, skipping ``vllm/models/deepseek_v4/__init__.py`` on OOT platforms.
+
+    What it works around: that ``__init__`` picks amd/, xpu/, cpu/ and otherwise nvidia/, so on
+    an out-of-tree platform importing *any* ``vllm.models.deepseek_v4.*`` module first imports the
+    CUDA implementation (tilelang/FlashMLA modules). How to see it: under an out-of-tree platform,
+    ``import vllm.models.deepseek_v4.cpu.model`` puts ``vllm.models.deepseek_v4.nvidia.model`` in
+    ``sys.modules``. What it does: when the package is not imported yet, it is registered
+    unexecuted for the duration of this one import, then removed again, so a later plain
+    ``import vllm.models.deepseek_v4`` still runs vLLM's own ``__init__``. When it can go: once
+    vLLM's package ``__init__`` has an out-of-tree branch (newer vLLM has ``hw_agnostic/``).
+    Nothing is patched on cuda/rocm/xpu/cpu, where the package imports only its own branch.
+    """
+    import importlib
+    import importlib.util
+    import sys
+
+    already = V4_PACKAGE in sys.modules
+    if already or not module_name.startswith(V4_PACKAGE + ".") or platform_family() != "oot":
+        return importlib.import_module(module_name)
+    shell = importlib.util.module_from_spec(importlib.util.find_spec(V4_PACKAGE))
+    sys.modules[V4_PACKAGE] = shell
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        if sys.modules.get(V4_PACKAGE) is shell:
+            del sys.modules[V4_PACKAGE]
