@@ -25,17 +25,18 @@ def test_a_v4_preset_builds_a_bf16_v4_checkpoint_run_with_the_plugin_on_v2(tmp_p
     assert ckpt.meta["mode"] == "noisy" and ckpt.meta["quantization"] is None
     assert abs(ckpt.meta["expected_acceptance"] - 0.8) < 0.01 and ckpt.parameters > 0
     assert checkpoints.resolve(str(ckpt.path)).variant == "v4"  # a directory: from config.json
-    assert ckpt.engine == {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",)}
+    assert ckpt.engine == {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",), "eager": True}
 
     sweep = Sweep(checkpoints=["v4tiny:noisy:0.8", "tiny"], ks=[0, 2],
                   impls_for={"v4tiny:noisy:0.8": ckpt.engine["impls"]})
     assert [(c.checkpoint, c.impl, c.k) for c in sweep.configs()] == [
         ("v4tiny:noisy:0.8", "plugin", 0), ("v4tiny:noisy:0.8", "plugin", 2),
         ("tiny", "plugin", 0), ("tiny", "plugin", 2), ("tiny", "in-tree", 0), ("tiny", "in-tree", 2)]
-    offline = offline_config(sweep, ckpt, sweep.configs()[1], ["Hello"])
+    offline = offline_config(sweep, ckpt, sweep.configs()[1], sweep.passes({"all": ["Hello"]}))
     assert (offline.runner, offline.llm_kwargs["dtype"], offline.impl) == ("v2", "bfloat16", "plugin")
-    args = serve_args(sweep, 2, ckpt.engine["dtype"])
-    assert args[args.index("--dtype") + 1] == "bfloat16"
+    assert offline.llm_kwargs["enforce_eager"] and offline.passes[0]["prompts"] == ["Hello"]
+    args = serve_args(sweep, 2, ckpt.engine["dtype"], ckpt.engine["eager"])
+    assert args[args.index("--dtype") + 1] == "bfloat16" and "--enforce-eager" in args
     env = server_env("plugin", ckpt.engine["runner"])
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     assert (env.get(SWITCH) == "1") == needs_interpreter()

@@ -44,9 +44,12 @@ def runner_report(worker) -> dict:
 def record_layer_calls(worker) -> bool:
     """Count, per draft step (``spec_step_idx`` the drafter got), the MTP layers that ran.
 
-    Wraps the drafter's ``forward`` (instance attribute; reads ``spec_step_idx``) and hooks each
-    layer of ``drafter.model.layers`` (keyed by absolute index, ours and the in-tree class alike).
-    Eager mode only: a compiled drafter would trace the wrapper. Later calls reset the counts.
+    Wraps the drafter's ``forward`` (instance attribute; reads ``spec_step_idx``) and each layer's
+    ``forward`` of ``drafter.model.layers`` (keyed by absolute index, ours and the in-tree class
+    alike). Instance ``forward``s, not forward hooks: the plugin's layers are
+    ``support_torch_compile`` modules, whose ``__call__`` goes to ``self.forward`` without
+    ``nn.Module``'s hooks. Eager mode only: a compiled drafter would trace the wrappers. Later
+    calls reset the counts.
     """
     runner = worker.model_runner
     drafter = drafter_model(runner)
@@ -67,8 +70,11 @@ def record_layer_calls(worker) -> bool:
 
         object.__setattr__(drafter, "forward", counted_forward)
         for key, layer in drafter.model.layers.items():
-            layer.register_forward_pre_hook(
-                lambda module, args, idx=int(key): calls.update([(step[0], idx)]))
+            def counted_layer(*args, _forward=layer.forward, _idx=int(key), **kwargs):
+                calls.update([(step[0], _idx)])
+                return _forward(*args, **kwargs)
+
+            object.__setattr__(layer, "forward", counted_layer)
     calls.clear()
     return True
 

@@ -43,10 +43,11 @@ class Checkpoint:
 
     @property
     def engine(self) -> dict:
-        """What the engine must run with: V4 only in bf16, on the V2 harness, with the plugin."""
+        """What the engine must run with: V4 only in bf16, on the V2 harness, with the plugin, and
+        eagerly (its target runs under Triton's interpreter: compiling it only adds minutes)."""
         if self.variant == "v4":
-            return {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",)}
-        return {"dtype": None, "runner": None, "impls": ("plugin", "in-tree")}
+            return {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",), "eager": True}
+        return {"dtype": None, "runner": None, "impls": ("plugin", "in-tree"), "eager": False}
 
 
 def default_cache_dir() -> Path:

@@ -26,7 +26,8 @@ def offline_config(sweep: Sweep, ckpt: Checkpoint, config: Config, passes: list[
         prompts=passes[0]["prompts"], passes=passes,
         max_tokens=sweep.max_tokens, max_model_len=sweep.max_model_len, ignore_eos=True,
         warmup_prompts=sweep.warmup, repeats=sweep.repeats,
-        llm_kwargs={"dtype": ckpt.engine["dtype"] or sweep.dtype, "enforce_eager": sweep.eager,
+        llm_kwargs={"dtype": ckpt.engine["dtype"] or sweep.dtype,
+                    "enforce_eager": sweep.eager or ckpt.engine["eager"],
                     "max_num_seqs": config.concurrency, "seed": sweep.seed},
         step_timings=True, runner=ckpt.engine["runner"],
     )

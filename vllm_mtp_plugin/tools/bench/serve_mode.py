@@ -38,9 +38,9 @@ def server_env(impl: str, runner: str | None = None) -> dict[str, str]:
     return env
 
 
-def serve_args(sweep: Sweep, k: int, dtype: str | None = None) -> list[str]:
+def serve_args(sweep: Sweep, k: int, dtype: str | None = None, eager: bool = False) -> list[str]:
     dtype = dtype or sweep.dtype
-    args = ["--enforce-eager"] if sweep.eager else []
+    args = ["--enforce-eager"] if sweep.eager or eager else []
     args += ["--max-model-len", str(sweep.max_model_len),
             "--max-num-seqs", str(max(sweep.concurrencies)), "--dtype", dtype,
             "--seed", str(sweep.seed)]
@@ -84,8 +84,9 @@ def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], pass
         base_url, model = sweep.base_url, served_model(sweep.base_url)
     else:
         log_path = log_dir / f"serve-{ckpt.label}-{first.impl}-k{first.k}.log"
-        server = Server(ckpt.path, serve_args(sweep, first.k, ckpt.engine["dtype"]),
-                        log_path=log_path, env=server_env(first.impl, ckpt.engine["runner"]))
+        args = serve_args(sweep, first.k, ckpt.engine["dtype"], ckpt.engine["eager"])
+        server = Server(ckpt.path, args, log_path=log_path,
+                        env=server_env(first.impl, ckpt.engine["runner"]))
         log(f"starting server for {ckpt.label} {first.impl} k={first.k} (log: {log_path})")
         server.start(sweep.timeout)
         base_url, model = server.base_url, str(ckpt.path)
