@@ -33,6 +33,7 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.models.utils import maybe_prefix
 from vllm.sequence import IntermediateTensors
 
+from .. import recording
 from ..weights.rules import WeightMap, load_mtp_weights
 
 logger = init_logger("vllm.vllm_mtp_plugin")
@@ -193,7 +194,11 @@ class DeepSeekMultiTokenPredictor(nn.Module):
         if inputs_embeds is None:
             inputs_embeds = self.embed_input_ids(input_ids)
         layer = self.model.layer_for_step(spec_step_idx)
-        return layer(positions, hidden_states, inputs_embeds)
+        output = layer(positions, hidden_states, inputs_embeds)
+        if spec_step_idx == 0 and recording.active():  # data for ``vllm-mtp train``
+            recording.record(input_ids, positions, hidden_states,
+                             output[-1] if isinstance(output, tuple) else output)
+        return output
 
     def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0):
         layer = self.model.layer_for_step(spec_step_idx)

@@ -7,6 +7,7 @@
 ``vllm-mtp build-tiny``  write a tiny DeepSeek-V3 checkpoint (random / oracle / noisy).
 ``vllm-mtp inspect DIR`` what a checkpoint offers an MTP drafter (file headers only).
 ``vllm-mtp graft SOURCE TARGET --out DIR``  give TARGET the MTP layer(s) of SOURCE.
+``vllm-mtp train TARGET --out DIR``  train TARGET's MTP layer(s) on its own outputs, then export.
 ``vllm-mtp bench``       acceptance and throughput benchmark (``vllm-mtp bench --help``).
 """
 
@@ -97,6 +98,8 @@ COMMANDS = {
     "inspect": lambda argv: __import__("vllm_mtp_plugin.tools.inspect",
                                        fromlist=["main"]).main(argv),
     "graft": lambda argv: __import__("vllm_mtp_plugin.tools.graft", fromlist=["main"]).main(argv),
+    "train": lambda argv: __import__("vllm_mtp_plugin.tools.train.cli",
+                                     fromlist=["main"]).main(argv),
     "bench": lambda argv: __import__("vllm_mtp_plugin.tools.bench.cli", fromlist=["main"]).main(argv),
 }
 

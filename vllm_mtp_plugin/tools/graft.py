@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 from pathlib import Path
 
 from ..weights.headers import read_checkpoint
 from ..weights.preflight import LAYOUTS, mtp_problems
-
-INDEX = "model.safetensors.index.json"
+from .checkpoint_files import CheckpointWriteError, assemble
 # Config fields that decide the MTP layer's tensor shapes, its position and its router: SOURCE and
 # TARGET must agree on all of them (absent on both sides counts as agreeing).
 ARCHITECTURE_FIELDS = (
@@ -113,24 +111,6 @@ def plan(source_dir: Path, target_dir: Path) -> tuple[dict, dict, dict[str, dict
     return source, target, wanted
 
 
-def _link_or_copy(src: Path, dst: Path, copy: bool) -> None:
-    if src.is_dir():
-        shutil.copytree(src, dst, symlinks=False, copy_function=shutil.copy2 if copy else
-                        (lambda s, d: os.symlink(os.path.abspath(s), d)))
-    elif copy:
-        shutil.copy2(src, dst)
-    else:
-        os.symlink(src.resolve(), dst)
-
-
-def _target_weight_map(target_dir: Path) -> dict[str, str]:
-    index = target_dir / INDEX
-    if index.exists():
-        return dict(json.loads(index.read_text())["weight_map"])
-    tensors, _ = read_checkpoint(target_dir)
-    return {name: info["file"] for name, info in tensors.items()}
-
-
 def _write_layer_shards(source_dir: Path, wanted: dict[str, dict], out: Path,
                         dtype: str | None) -> dict[str, str]:
     """Copy ``wanted`` from SOURCE, one output shard per source shard; returns name -> shard.
@@ -169,24 +149,14 @@ def graft(source_dir: str | Path, target_dir: str | Path, out_dir: str | Path,
         raise GraftError(f"--out {out} exists and is not empty; give a new directory.")
     source, target, wanted = plan(source_dir, target_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for item in sorted(target_dir.iterdir()):
-        if item.name not in ("config.json", INDEX) and not item.name.startswith("."):
-            _link_or_copy(item, out / item.name, copy)
     quantized = bool(_quantization(target))
     dtype = None if quantized else (target.get("torch_dtype") or target.get("dtype"))
     layer_map = _write_layer_shards(source_dir, wanted, out, dtype)
-    weight_map = {**_target_weight_map(target_dir), **layer_map}
-    total = sum((out / f).stat().st_size for f in set(weight_map.values()))
-    (out / INDEX).write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
-        indent=2))
     layers = int(source["num_nextn_predict_layers"])
-    (out / "config.json").write_text(json.dumps({**target, "num_nextn_predict_layers": layers},
-                                                indent=2))
-    problems = mtp_problems(out, json.loads((out / "config.json").read_text()))
-    if problems:
-        raise GraftError(f"{out}: the grafted checkpoint fails the start-up check:\n"
-                         + "\n".join(f"- {p}" for p in problems))
+    try:
+        assemble(target_dir, target, out, layer_map, layers, copy)
+    except CheckpointWriteError as exc:
+        raise GraftError(str(exc)) from exc
     return {"out": str(out), "mtp_layers": layers, "tensors": len(layer_map),
             "shards": sorted(set(layer_map.values())), "linked": not copy}
 

@@ -1,0 +1,77 @@
+"""Record what the MTP drafter receives, while vLLM serves: the training data of ``vllm-mtp train``.
+
+The drafter's first draft step gets, for every token the target just computed, the target's
+hidden state (for DeepSeek-V3: after the target's final norm), the next token and the position.
+That is exactly the input an MTP layer is trained on, so ``vllm-mtp train`` collects it here,
+inside vLLM, and the same collection works with tensor/expert parallelism on a GPU node: rank 0
+of each tensor-parallel group writes (the hidden states are replicated across it), one file per
+drafter call.
+
+Turned on per worker through vLLM's ``worker_extension_cls`` and ``LLM.collective_rpc``
+(``RecordingWorkerExtension``), so warm-up and profiling runs are not recorded. Recording is a
+Python side effect: the collecting engine runs eagerly (a captured CUDA graph would replay without
+it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+_state: dict = {"directory": None, "outputs": False, "count": 0, "tag": ""}
+
+
+def active() -> bool:
+    return _state["directory"] is not None
+
+
+def start(directory: str | os.PathLike, outputs: bool = False, tag: str = "") -> None:
+    """Record every first-step drafter call into ``directory`` (``outputs``: the layer's
+    output too, for the parity test between trainer and server)."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    _state.update(directory=Path(directory), outputs=outputs, count=0, tag=tag)
+
+
+def stop() -> int:
+    """Stop recording; returns the number of calls written."""
+    count = _state["count"]
+    _state.update(directory=None, count=0)
+    return count
+
+
+def record(input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_states: torch.Tensor,
+           output: torch.Tensor | None = None) -> None:
+    """Write one drafter call: ``input_ids`` (the token after each position), ``positions``,
+    ``hidden_states`` (what the target handed over) and optionally the layer's ``output``."""
+    from safetensors.torch import save_file
+
+    if input_ids is None:
+        return  # called with embeddings only: nothing to key the data by
+    n = positions.shape[-1]
+    tensors = {"input_ids": input_ids[:n], "positions": positions[..., :n].reshape(n),
+               "hidden_states": hidden_states[:n]}
+    if output is not None and _state["outputs"]:
+        tensors["output"] = output[:n]
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    path = _state["directory"] / f"call-{_state['tag']}{_state['count']:07d}.safetensors"
+    save_file(tensors, str(path))
+    _state["count"] += 1
+
+
+class RecordingWorkerExtension:
+    """Methods vLLM adds to its worker class (``LLM(worker_extension_cls=...)``)."""
+
+    def start_mtp_recording(self, directory: str, outputs: bool = False) -> bool:
+        """Start on the writing rank only; returns whether this worker records."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        if get_tensor_model_parallel_rank() != 0:
+            return False
+        parallel = self.vllm_config.parallel_config
+        start(directory, outputs, tag=f"dp{parallel.data_parallel_rank}-pid{os.getpid()}-")
+        return True
+
+    def stop_mtp_recording(self) -> int:
+        return stop()

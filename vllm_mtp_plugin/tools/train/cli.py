@@ -1,0 +1,209 @@
+"""``vllm-mtp train TARGET --out DIR``: train the MTP layer(s) of TARGET on its own outputs.
+
+Three stages, each resumable from the work directory (``--work-dir``, default ``DIR.work``):
+
+1. collect: the target continues the prompts through vLLM and the drafter's inputs are recorded
+   (``collect.py``; a separate process, whose engine memory is gone before training);
+2. train: the MTP layer(s) on those sequences, the target's embedding and head frozen
+   (``trainer.py``; ``--nproc N`` runs N ranks through torchrun);
+3. export: TARGET's files linked, the trained layer(s) in a shard of their own, checked by the
+   plugin's start-up check (``export.py``), with ``training/loss.png`` and
+   ``training/accuracy.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+from .checkpoint import TargetCheckpoint, TrainInputError
+from .collect import CollectSettings
+from .model import INITS, PARAMETER_GROUPS, UNROLLS
+from .trainer import TrainSettings
+
+DEFAULT_PROMPTS = "data/train_prompts.jsonl"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm-mtp train", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("target", help="DeepSeek-V3-layout checkpoint directory (with or without MTP "
+                                  "layers; unquantized or block-FP8)")
+    p.add_argument("--out", required=True, help="new directory for the servable result")
+    p.add_argument("--work-dir", help="collected data, trainer state and logs (default: "
+                                      "OUT.work); a re-run with the same options resumes there")
+    p.add_argument("--prompts", help="prompt file: plain text lines, JSONL with 'prompt' or "
+                                     "'messages', or ShareGPT JSON (default: a bundled set of "
+                                     "short code and prose openings)")
+    p.add_argument("--init", default="auto", choices=INITS,
+                   help="checkpoint: refresh TARGET's own MTP layer; scratch: transformers' "
+                        "random initialisation; last-layer: TARGET's last decoder layer as the "
+                        "block (graft); auto: checkpoint if TARGET has an MTP layer, else "
+                        "last-layer")
+    p.add_argument("--depth", type=int, default=1,
+                   help="draft steps trained (D); serve with num_speculative_tokens up to D")
+    p.add_argument("--unroll", default="chained", choices=UNROLLS,
+                   help="chained: D layers, step s runs layer L+s (Model Runner V2; DeepSeek's "
+                        "sequential MTP); recursive: one layer reused for every step (vLLM's V1 "
+                        "runner for k > 1)")
+    p.add_argument("--loss", default="ce", choices=("ce", "kl"),
+                   help="ce: cross-entropy on the target's tokens; kl: KL divergence to the "
+                        "target's full distribution (from its stored hidden states and frozen "
+                        "head)")
+    p.add_argument("--step-weight", type=float, default=0.6,
+                   help="depth s weighs STEP_WEIGHT**s")
+    p.add_argument("--steps", type=int, default=TrainSettings.steps)
+    p.add_argument("--batch-size", type=int, default=TrainSettings.batch_size,
+                   help="sequences per step, all ranks together")
+    p.add_argument("--lr", type=float, default=TrainSettings.learning_rate)
+    p.add_argument("--train-only", default=None,
+                   help=f"comma-separated groups to train, the rest frozen (e.g. routed experts "
+                        f"frozen: eh_proj,norms,attention,router,shared_expert); groups: "
+                        f"{', '.join(PARAMETER_GROUPS)}")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of the target's continuations (1: its own "
+                        "distribution, self-distillation; 0: greedy)")
+    p.add_argument("--max-new-tokens", type=int, default=CollectSettings.max_new_tokens)
+    p.add_argument("--samples-per-prompt", type=int, default=4)
+    p.add_argument("--max-len", type=int, default=CollectSettings.max_len,
+                   help="longest prompt + continuation, in tokens")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="training processes (torchrun; gloo on CPU, NCCL on GPUs)")
+    p.add_argument("--sharding", default="ddp", choices=("ddp", "fsdp"),
+                   help="with --nproc > 1: DDP replicas, or FSDP2 fully_shard per layer (needed "
+                        "for a full-size DeepSeek-V3 layer; see `vllm-mtp train --memory-plan`)")
+    p.add_argument("--dtype", default="auto",
+                   help="dtype of the collecting engine (vLLM's --dtype)")
+    p.add_argument("--copy", action="store_true",
+                   help="copy TARGET's files into OUT instead of linking them")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _scaffold(target: TargetCheckpoint, settings: TrainSettings, work: Path) -> Path | None:
+    """For a target without an MTP layer: the target + the initial layer, so that vLLM builds the
+    drafter whose inputs are recorded."""
+    if target.mtp_layers():
+        return None
+    scaffold = work / "scaffold"
+    if (scaffold / "config.json").exists():
+        return scaffold
+    from .export import export
+    from .layers import to_checkpoint_tensors
+    from .model import MtpTrainModel
+
+    model = MtpTrainModel(target, settings.init, 1, "recursive")
+    export(target, [to_checkpoint_tensors(model.layers[0].state_dict())], scaffold)
+    return scaffold
+
+
+def _collect(args, target: TargetCheckpoint, settings: TrainSettings, work: Path,
+             prompts: Path) -> dict:
+    collect_settings = CollectSettings(temperature=args.temperature,
+                                       max_new_tokens=args.max_new_tokens,
+                                       samples_per_prompt=args.samples_per_prompt,
+                                       max_len=args.max_len, seed=args.seed)
+    scaffold = _scaffold(target, settings, work)
+    spec = {"model_dir": str(target.dir), "prompts": str(prompts), "data_dir": str(work / "data"),
+            "settings": dataclasses.asdict(collect_settings), "dtype": args.dtype,
+            "serve_dir": str(scaffold) if scaffold else None}
+    (work / "collect.json").write_text(json.dumps(spec, indent=1))
+    print(f"[1/3] collecting the target's continuations and the drafter's inputs through vLLM "
+          f"({prompts})", flush=True)
+    done = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.tools.train.collect",
+                           str(work / "collect.json")])
+    if done.returncode != 0:
+        raise SystemExit(f"vllm-mtp train: collection failed (exit {done.returncode}); the "
+                         f"engine's log is above. Re-run to resume from {work / 'data'}.")
+    return json.loads((work / "data" / "manifest.json").read_text())
+
+
+def _train(args, settings: TrainSettings, work: Path) -> None:
+    spec = {"target": str(Path(args.target)), "data_dir": str(work / "data"),
+            "work_dir": str(work), "settings": dataclasses.asdict(settings)}
+    print(f"[2/3] training {settings.depth if settings.unroll == 'chained' else 1} MTP layer(s) "
+          f"(init {settings.init}, depth {settings.depth} {settings.unroll}, loss "
+          f"{settings.loss}, {settings.steps} steps, {args.nproc} process(es))", flush=True)
+    if args.nproc <= 1:
+        from .run import run_training
+
+        run_training(spec, progress=not args.quiet)
+        return
+    (work / "train.json").write_text(json.dumps(spec, indent=1))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={args.nproc}", "-m",
+                           "vllm_mtp_plugin.tools.train.run", str(work / "train.json")])
+    if done.returncode != 0:
+        raise SystemExit(f"vllm-mtp train: training failed (exit {done.returncode}); re-run to "
+                         f"resume from {work}.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return _run(args)
+    except TrainInputError as exc:
+        print(f"vllm-mtp train: {exc}")
+        return 2
+
+
+def _run(args) -> int:
+    from .export import export
+    from .model import resolve_init
+    from .run import history, trained_layers
+    from .trainer import plot
+
+    target = TargetCheckpoint(args.target)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise TrainInputError(f"--out {out} exists and is not empty; give a new directory.")
+    prompts = Path(args.prompts) if args.prompts else Path(str(
+        resources.files("vllm_mtp_plugin.tools").joinpath(DEFAULT_PROMPTS)))
+    from .data import load_training_prompts
+
+    load_training_prompts(prompts)  # a bad prompt file fails before any engine starts
+    groups = tuple(args.train_only.split(",")) if args.train_only else None
+    settings = TrainSettings(steps=args.steps, batch_size=args.batch_size,
+                             learning_rate=args.lr, depth=args.depth, unroll=args.unroll,
+                             step_weight=args.step_weight, loss=args.loss,
+                             init=resolve_init(args.init, target), train_only=groups,
+                             seed=args.seed, sharding=args.sharding)
+    if groups:
+        unknown = [g for g in groups if g not in PARAMETER_GROUPS]
+        if unknown:
+            raise TrainInputError(f"--train-only {','.join(unknown)}: unknown group; choose "
+                                  f"from {', '.join(PARAMETER_GROUPS)}.")
+    work = Path(args.work_dir or f"{out}.work")
+    work.mkdir(parents=True, exist_ok=True)
+    manifest = _collect(args, target, settings, work, prompts)
+    sequences = sum(s["sequences"] for s in manifest["shards"])
+    tokens = sum(s["tokens"] for s in manifest["shards"])
+    print(f"      {sequences} sequences, {tokens} tokens in {work / 'data'}", flush=True)
+    _train(args, settings, work)
+    record = history(work)
+    print(f"[3/3] exporting to {out}", flush=True)
+    summary = export(target, trained_layers(work), out, copy=args.copy,
+                     metadata={"vllm_mtp_train": json.dumps(dataclasses.asdict(settings))})
+    report = out / "training"
+    report.mkdir()
+    plot(record, report / "loss.png", report / "accuracy.png")
+    final = record["evaluations"][-1] if record["evaluations"] else None
+    (report / "training.json").write_text(json.dumps(
+        {"settings": dataclasses.asdict(settings), "sequences": sequences, "tokens": tokens,
+         "held_out": final, "seconds": record.get("seconds"),
+         "trainable_parameters": record["trainable_parameters"]}, indent=1))
+    if final:
+        print("held-out agreement with the target's greedy token, per depth: "
+              + ", ".join(f"{a:.3f}" for a in final["accuracy"]))
+    k = summary["mtp_layers"] if settings.unroll == "chained" else settings.depth
+    print(f"{out}: {summary['mtp_layers']} MTP layer(s) written; the target's files "
+          f"{'copied' if args.copy else 'linked'}. Serve it with\n  vllm-mtp serve {out} "
+          f"--speculative-config '{{\"method\": \"mtp\", \"num_speculative_tokens\": {k}}}'")
+    return 0

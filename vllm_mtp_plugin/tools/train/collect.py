@@ -1,0 +1,150 @@
+"""Collect training data through vLLM: the target's continuations and the drafter's inputs.
+
+Two passes on one engine, per chunk of prompts (one data shard each, so a stopped collection
+resumes at the first missing shard):
+
+1. the target continues each prompt (``temperature``: self-distillation samples the target's own
+   distribution; per-request seeds make a re-run produce the same text);
+2. each prompt + continuation is prefilled once more while the plugin's drafter records what it
+   receives (``vllm_mtp_plugin.recording``): the hidden state vLLM hands the MTP drafter at every
+   position, byte for byte what the drafter gets when serving.
+
+The engine drafts with MTP (k = 1) so that vLLM builds the drafter: a target without an MTP layer
+is served for collection with the layer training starts from (a scaffold checkpoint); its drafts
+do not matter, only its inputs. It runs eagerly (recording is a Python side effect that a captured
+graph would skip), without prefix caching (a cached prefix never reaches the drafter) and without
+chunked prefill (the last row of a partial prefill carries a placeholder token, not the next one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from .data import assemble, encode_prompts, load_training_prompts, write_shard
+
+MANIFEST = "manifest.json"
+
+
+@dataclasses.dataclass
+class CollectSettings:
+    temperature: float = 1.0
+    max_new_tokens: int = 128
+    samples_per_prompt: int = 1
+    max_len: int = 512  # prompt + continuation, in tokens
+    sequences_per_shard: int = 256
+    seed: int = 0
+
+
+def _fingerprint(target: Path, prompts_path: Path, settings: CollectSettings) -> dict:
+    digest = hashlib.sha256(prompts_path.read_bytes()).hexdigest()
+    return {"target": str(target.resolve()), "prompts_sha256": digest,
+            "settings": {k: v for k, v in dataclasses.asdict(settings).items()
+                         if k != "sequences_per_shard"}}
+
+
+def _engine(model_dir: Path, dtype: str, max_len: int, engine_kwargs: dict):
+    from vllm import LLM
+
+    from ..cpu_features import engine_args_for_dtype
+
+    extra, spec = engine_args_for_dtype(dtype, {"method": "mtp", "num_speculative_tokens": 1})
+    return LLM(str(model_dir), speculative_config=spec, enforce_eager=True,
+               enable_prefix_caching=False, enable_chunked_prefill=False,
+               max_model_len=max_len + 1, dtype=dtype,
+               worker_extension_cls="vllm_mtp_plugin.recording.RecordingWorkerExtension",
+               **{**extra, **engine_kwargs})
+
+
+def _record_prefills(llm, sequences: list[list[int]], raw: Path) -> tuple[list, list[int]]:
+    """Prefill ``sequences`` with recording on; returns the recorded calls and each sequence's
+    next token (the target's greedy choice)."""
+    from safetensors.torch import load_file
+    from vllm import SamplingParams, TokensPrompt
+
+    writers = llm.collective_rpc("start_mtp_recording", args=(str(raw),))
+    if not any(writers):
+        raise RuntimeError("no vLLM worker recorded the drafter's inputs")
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences],
+                           SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+    llm.collective_rpc("stop_mtp_recording")
+    calls = [load_file(str(f)) for f in sorted(raw.glob("call-*.safetensors"))]
+    return calls, [o.outputs[0].token_ids[0] for o in outputs]
+
+
+def collect(model_dir: str | Path, prompts_path: str | Path, data_dir: str | Path,
+            settings: CollectSettings, dtype: str = "auto", serve_dir: str | Path | None = None,
+            engine_kwargs: dict | None = None, progress=print) -> dict:
+    """Fill ``data_dir`` with shards (``data.py``); returns the manifest. ``serve_dir`` is the
+    checkpoint the engine loads (a scaffold with an MTP layer), ``model_dir`` the target."""
+    from vllm import SamplingParams, TokensPrompt
+
+    model_dir, data_dir, prompts_path = Path(model_dir), Path(data_dir), Path(prompts_path)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    prompts = load_training_prompts(prompts_path)
+    fingerprint = _fingerprint(model_dir, prompts_path, settings)
+    manifest_path = data_dir / MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    if manifest is not None and manifest["fingerprint"] != fingerprint:
+        raise ValueError(f"{data_dir} holds data collected from another target, prompt file or "
+                         "settings; give a new work directory or the same options.")
+    manifest = manifest or {"fingerprint": fingerprint, "shards": []}
+    done = {s["first"] for s in manifest["shards"]}
+    items = [(p, k) for p in range(len(prompts)) for k in range(settings.samples_per_prompt)]
+    chunks = [items[i:i + settings.sequences_per_shard]
+              for i in range(0, len(items), settings.sequences_per_shard)]
+    if all(i * settings.sequences_per_shard in done for i in range(len(chunks))):
+        return manifest
+    llm = _engine(Path(serve_dir or model_dir), dtype, settings.max_len, engine_kwargs or {})
+    encoded = encode_prompts(llm.get_tokenizer(), prompts, str(prompts_path))
+    skipped = sum(len(ids) >= settings.max_len for ids in encoded)
+    for n, chunk in enumerate(chunks):
+        first = n * settings.sequences_per_shard
+        if first in done:
+            continue
+        chunk = [(p, k) for p, k in chunk if len(encoded[p]) < settings.max_len]
+        params = [SamplingParams(temperature=settings.temperature, seed=settings.seed + p * 1000
+                                 + k, max_tokens=min(settings.max_new_tokens,
+                                                     settings.max_len - len(encoded[p])))
+                  for p, k in chunk]
+        generated = llm.generate([TokensPrompt(prompt_token_ids=encoded[p]) for p, _ in chunk],
+                                 params, use_tqdm=False)
+        sequences = [encoded[p] + list(g.outputs[0].token_ids) for (p, _), g in
+                     zip(chunk, generated)]
+        with tempfile.TemporaryDirectory(dir=data_dir, prefix=".raw-") as raw:
+            calls, next_tokens = _record_prefills(llm, sequences, Path(raw))
+            fed = [s[1:] + [t] for s, t in zip(sequences, next_tokens)]
+            hidden = assemble(calls, fed)
+        name = f"shard-{n:05d}.safetensors"
+        write_shard(data_dir / name, sequences, next_tokens, hidden,
+                    [len(encoded[p]) for p, _ in chunk],
+                    {"prompts": [p for p, _ in chunk], "target": str(model_dir)})
+        manifest["shards"].append({"file": name, "first": first, "sequences": len(sequences),
+                                   "tokens": sum(map(len, sequences))})
+        manifest["skipped_long_prompts"] = skipped
+        manifest_path.write_text(json.dumps(manifest, indent=1))
+        progress(f"collected shard {n + 1}/{len(chunks)}: {len(sequences)} sequences, "
+                 f"{sum(map(len, sequences))} tokens")
+    del llm
+    shutil.rmtree(data_dir / ".scaffold", ignore_errors=True)
+    return manifest
+
+
+def main(argv: list[str]) -> int:
+    """``python -m vllm_mtp_plugin.tools.train.collect SPEC.json``: one collection in a process of
+    its own (the engine's memory goes with it before training starts)."""
+    spec = json.loads(Path(argv[0]).read_text())
+    collect(spec["model_dir"], spec["prompts"], spec["data_dir"],
+            CollectSettings(**spec["settings"]), dtype=spec.get("dtype", "auto"),
+            serve_dir=spec.get("serve_dir"), engine_kwargs=spec.get("engine_kwargs"))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

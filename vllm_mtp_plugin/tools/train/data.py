@@ -1,0 +1,191 @@
+"""Training data: prompts in, and sequences with the hidden states the drafter receives out.
+
+Prompt files: plain text (one prompt per line), JSONL with ``prompt`` (a completion) or OpenAI
+``messages`` (a chat, sent through the target's chat template), or ShareGPT JSON/JSONL
+(``conversations``: the first human turn, as a chat).
+
+A data shard (``shard-00000.safetensors``) holds sequences back to back:
+
+* ``tokens`` int64 ``[sum(T + 1)]``: each sequence (prompt + the target's continuation, T tokens)
+  and the token the target chose after it;
+* ``hidden`` ``[sum(T), H]`` (the target's dtype): row i of a sequence is the hidden state the
+  MTP drafter received with position i (for DeepSeek-V3: the target's output after its final
+  norm at token i) - recorded inside vLLM (``vllm_mtp_plugin.recording``);
+* ``lengths`` int64 ``[n]`` (T), ``prompt_lengths`` int64 ``[n]``.
+
+Nothing here is V3-specific: a V4 drafter's input (its hc-expanded state) is stored the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from ..bench.prompts import CHAT, HUMAN_ROLES, _records
+from .checkpoint import TrainInputError
+
+DATA_FORMAT = "vllm-mtp-train-data/1"
+
+
+def _record_prompt(record, where: str):
+    if isinstance(record, str):
+        return record
+    if not isinstance(record, dict):
+        raise TrainInputError(f"{where}: expected an object with 'prompt', 'messages' or "
+                              f"'conversations', got {type(record).__name__}.")
+    if "prompt" in record:
+        if record.get("kind") == CHAT:  # as the benchmark reads it: the user's turn of a chat
+            return [{"role": "user", "content": str(record["prompt"])}]
+        return str(record["prompt"])
+    if messages := record.get("messages"):
+        return [{"role": m["role"], "content": str(m["content"])} for m in messages]
+    if turns := record.get("conversations"):
+        for turn in turns:
+            if turn.get("from", turn.get("role")) in HUMAN_ROLES:
+                return [{"role": "user", "content": str(turn.get("value", turn.get("content")))}]
+        return None
+    raise TrainInputError(f"{where}: a record needs 'prompt', 'messages' or 'conversations'.")
+
+
+def load_training_prompts(path: str | Path) -> list:
+    """Completion prompts (str) and chats (message lists) from ``path``."""
+    path = Path(path)
+    if not path.is_file():
+        raise TrainInputError(f"--prompts {path}: no such file.")
+    text = path.read_text(encoding="utf-8")
+    try:
+        records = _records(path)
+    except ValueError:
+        records = None  # not JSON: plain text, one prompt per line
+    if records is None or (records and all(isinstance(r, str) for r in records)):
+        prompts = [line for line in text.splitlines() if line.strip()]
+    else:
+        prompts = [p for i, r in enumerate(records)
+                   if (p := _record_prompt(r, f"{path}: record {i}"))]
+    if not prompts:
+        raise TrainInputError(f"--prompts {path}: no prompts in the file (plain text lines, JSONL "
+                              "with 'prompt' or 'messages', or ShareGPT 'conversations').")
+    return prompts
+
+
+def encode_prompts(tokenizer, prompts: list, where: str) -> list[list[int]]:
+    """Token ids: completions as the tokenizer encodes them (with its BOS), chats through the
+    tokenizer's chat template with the generation prompt."""
+    out = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            out.append(list(tokenizer(prompt)["input_ids"]))
+            continue
+        if not getattr(tokenizer, "chat_template", None):
+            raise TrainInputError(f"{where} holds chats, but the target's tokenizer has no chat "
+                                  "template; give completion prompts ('prompt' or plain lines).")
+        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        out.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    return out
+
+
+def assemble(calls: list[dict[str, torch.Tensor]], sequences: list[list[int]]
+             ) -> list[torch.Tensor]:
+    """Per sequence, the hidden states the drafter received at each of its positions.
+
+    ``sequences[r]`` is what the drafter was fed for request r (token i+1 at position i, the
+    target's chosen token at the last position). ``calls`` are the recorded drafter calls, in any
+    batching and chunking: runs of consecutive positions are matched to the requests whose tokens
+    they carry. Raises when a position was never seen.
+    """
+    by_start = defaultdict(list)
+    for r, seq in enumerate(sequences):
+        for p, token in enumerate(seq):
+            by_start[(p, token)].append(r)
+    width = next((c["hidden_states"].shape[-1] for c in calls), 0)
+    dtype = next((c["hidden_states"].dtype for c in calls), torch.float32)
+    rows = [torch.empty(len(s), width, dtype=dtype) for s in sequences]
+    filled = [torch.zeros(len(s), dtype=torch.bool) for s in sequences]
+    for call in calls:
+        ids, pos, hid = call["input_ids"].tolist(), call["positions"].tolist(), call["hidden_states"]
+        o = 0
+        while o < len(ids):
+            matches = []
+            for r in by_start.get((pos[o], ids[o]), ()):
+                seq, n = sequences[r], 0
+                while (o + n < len(ids) and pos[o + n] == pos[o] + n and pos[o + n] < len(seq)
+                       and seq[pos[o + n]] == ids[o + n]):
+                    n += 1
+                if (n and o + n < len(ids) and pos[o + n] == pos[o] + n < len(seq)
+                        and (o + n + 1 == len(ids) or pos[o + n + 1] != pos[o + n] + 1)):
+                    n += 1  # a chunk's last row carries a placeholder token, its state is real
+                matches.append((n, r))
+            if not matches:
+                o += 1  # a row of no request of ours (nothing else runs on this engine)
+                continue
+            # Requests with the same tokens up to a position have the same hidden states there
+            # (causal attention): the rows fill every request that shares them.
+            for n, r in matches:
+                free = ~filled[r][pos[o]:pos[o] + n]
+                rows[r][pos[o]:pos[o] + n][free] = hid[o:o + n][free]
+                filled[r][pos[o]:pos[o] + n] = True
+            o += max(matches)[0]
+    for r, done in enumerate(filled):
+        if not bool(done.all()):
+            first = int((~done).nonzero()[0])
+            raise RuntimeError(f"the drafter never received position {first} of sequence {r}: "
+                               "the collecting engine must run without prefix caching and "
+                               "without chunked prefill.")
+    return rows
+
+
+def write_shard(path: Path, sequences: list[list[int]], next_tokens: list[int],
+                hidden: list[torch.Tensor], prompt_lengths: list[int], metadata: dict) -> None:
+    from safetensors.torch import save_file
+
+    tokens = torch.tensor([t for seq, nxt in zip(sequences, next_tokens) for t in (*seq, nxt)])
+    tensors = {"tokens": tokens, "hidden": torch.cat(hidden).contiguous(),
+               "lengths": torch.tensor([len(s) for s in sequences]),
+               "prompt_lengths": torch.tensor(prompt_lengths)}
+    tmp = path.with_suffix(".partial")
+    save_file(tensors, str(tmp), metadata={"format": DATA_FORMAT,
+                                           **{k: json.dumps(v) for k, v in metadata.items()}})
+    tmp.rename(path)
+
+
+class SequenceStore:
+    """All sequences of a data directory: ``(tokens [T+1], hidden [T, H])`` by index."""
+
+    def __init__(self, data_dir: str | Path):
+        from safetensors.torch import load_file
+
+        self.dir = Path(data_dir)
+        shards = sorted(self.dir.glob("shard-*.safetensors"))
+        if not shards:
+            raise TrainInputError(f"{self.dir}: no data shards (shard-*.safetensors).")
+        self.tokens, self.hidden = [], []
+        for shard in shards:
+            data = load_file(str(shard))
+            t_off, h_off = 0, 0
+            for length in data["lengths"].tolist():
+                self.tokens.append(data["tokens"][t_off:t_off + length + 1])
+                self.hidden.append(data["hidden"][h_off:h_off + length])
+                t_off, h_off = t_off + length + 1, h_off + length
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.hidden[0].shape[-1]
+
+    def batch(self, indices: list[int], max_len: int | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Right-padded ``tokens [B, T+1]``, ``hidden [B, T, H]`` (float32), ``lengths [B]``."""
+        lengths = [len(self.hidden[i]) if max_len is None else min(len(self.hidden[i]), max_len)
+                   for i in indices]
+        width = max(lengths)
+        tokens = torch.zeros(len(indices), width + 1, dtype=torch.long)
+        hidden = torch.zeros(len(indices), width, self.hidden_size)
+        for b, (i, n) in enumerate(zip(indices, lengths)):
+            tokens[b, :n + 1] = self.tokens[i][:n + 1]
+            hidden[b, :n] = self.hidden[i][:n].float()
+        return tokens, hidden, torch.tensor(lengths)

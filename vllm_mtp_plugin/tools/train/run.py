@@ -1,0 +1,79 @@
+"""One training run, in this process or as each rank of ``torchrun``.
+
+``python -m torch.distributed.run --nproc-per-node N -m vllm_mtp_plugin.tools.train.run SPEC``
+starts N ranks (gloo on CPU, NCCL on GPUs); without torchrun's environment the run is one
+process. Rank 0 writes ``trained-layers.safetensors`` (checkpoint names below
+``model.layers.{L+j}.``, keyed ``{j}.{name}``) and ``history.json`` into the work directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from .checkpoint import TargetCheckpoint
+from .data import SequenceStore
+from .layers import to_checkpoint_tensors
+from .model import MtpTrainModel
+from .trainer import TrainSettings, full_layer_states, save_history, train
+
+LAYERS_FILE = "trained-layers.safetensors"
+HISTORY_FILE = "history.json"
+
+
+def _init_distributed() -> bool:
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    import torch.distributed as dist
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    return True
+
+
+def run_training(spec: dict, progress: bool = True) -> None:
+    """``spec``: ``target``, ``data_dir``, ``work_dir``, ``settings`` (TrainSettings fields)."""
+    distributed = _init_distributed()
+    try:
+        settings = TrainSettings(**{**spec["settings"], "train_only": tuple(
+            spec["settings"]["train_only"]) if spec["settings"].get("train_only") else None})
+        work = Path(spec["work_dir"])
+        target = TargetCheckpoint(spec["target"])
+        model = MtpTrainModel(target, settings.init, settings.depth, settings.unroll)
+        history = train(model, SequenceStore(spec["data_dir"]), settings, work, progress)
+        states = full_layer_states(model)
+        if not distributed or torch.distributed.get_rank() == 0:
+            from safetensors.torch import save_file
+
+            tensors = {f"{j}.{name}": t.contiguous() for j, state in enumerate(states)
+                       for name, t in to_checkpoint_tensors(state).items()}
+            save_file(tensors, str(work / LAYERS_FILE))
+            save_history({**history, "init": model.init}, work / HISTORY_FILE)
+    finally:
+        if distributed:
+            torch.distributed.destroy_process_group()
+
+
+def trained_layers(work_dir: Path) -> list[dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    flat = load_file(str(work_dir / LAYERS_FILE))
+    layers: dict[int, dict] = {}
+    for key, tensor in flat.items():
+        j, name = key.split(".", 1)
+        layers.setdefault(int(j), {})[name] = tensor
+    return [layers[j] for j in sorted(layers)]
+
+
+def history(work_dir: Path) -> dict:
+    return json.loads((work_dir / HISTORY_FILE).read_text())
+
+
+if __name__ == "__main__":
+    run_training(json.loads(Path(sys.argv[1]).read_text()))

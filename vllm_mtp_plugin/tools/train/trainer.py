@@ -1,0 +1,250 @@
+"""The training loop: AdamW, warm-up + cosine, DeepSeek's expert balancing, checkpoints, resume.
+
+Multi-process with ``torch.distributed`` DDP (``torchrun``; gloo on CPU, NCCL on GPUs): every step
+draws one global batch from a seeded generator shared by all ranks, rank r takes every
+world-th sequence, and each rank's summed loss is divided by the global count of positions, so
+DDP's gradient average equals the one-process gradient of the whole batch (up to summation
+order). ``sharding="fsdp"`` shards each MTP layer with FSDP2's ``fully_shard`` instead, for a
+full-size layer (``memory.py``). Rank 0 writes checkpoints, history and plots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from ..tiny.pretrain import ExpertLoadBalancer
+from .data import SequenceStore
+from .model import MtpTrainModel
+
+CHECKPOINT = "trainer-state.pt"
+
+
+@dataclasses.dataclass
+class TrainSettings:
+    steps: int = 600
+    batch_size: int = 8  # sequences per step, all ranks together
+    learning_rate: float = 1e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.0
+    depth: int = 1
+    unroll: str = "chained"
+    step_weight: float = 0.6  # depth s weighs step_weight ** s (FastMTP's beta)
+    loss: str = "ce"
+    init: str = "auto"
+    train_only: tuple[str, ...] | None = None
+    max_len: int | None = None  # positions per sequence used (None: all)
+    held_out_fraction: float = 0.05
+    eval_every: int = 100
+    checkpoint_every: int = 100
+    bias_update_speed: float = 0.001
+    seed: int = 0
+    sharding: str = "ddp"
+
+
+def _dist():
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist, dist.get_rank(), dist.get_world_size()
+    return None, 0, 1
+
+
+def split(store_size: int, fraction: float) -> tuple[list[int], list[int]]:
+    """Held-out sequences: every round(1 / fraction)-th one (deterministic)."""
+    every = max(2, round(1 / fraction)) if fraction > 0 else store_size + 1
+    held = [i for i in range(store_size) if i % every == every - 1]
+    return [i for i in range(store_size) if i % every != every - 1], held
+
+
+def learning_rate(step: int, s: TrainSettings) -> float:
+    if step < s.warmup_steps:
+        return s.learning_rate * (step + 1) / s.warmup_steps
+    done = (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
+    return s.learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, done))))
+
+
+@torch.no_grad()
+def evaluate(model: MtpTrainModel, store: SequenceStore, indices: list[int], settings,
+             batch: int = 8) -> dict:
+    """Held-out loss and greedy agreement per depth."""
+    sums = [[0.0, 0, 0] for _ in range(model.depth)]
+    for i in range(0, len(indices), batch):
+        tokens, hidden, lengths = store.batch(indices[i:i + batch], settings.max_len)
+        for s, row in enumerate(model.objective(tokens, hidden, lengths, settings.loss)):
+            sums[s][0] += row["loss"].item()
+            sums[s][1] += int(row["correct"])
+            sums[s][2] += int(row["count"])
+    return {"loss": [a / max(c, 1) for a, _, c in sums],
+            "accuracy": [b / max(c, 1) for _, b, c in sums]}
+
+
+class Balancer(ExpertLoadBalancer):
+    """DeepSeek's bias balancing on the expert loads of all ranks (the same update everywhere)."""
+
+    def step(self) -> None:
+        dist, _, _ = _dist()
+        if dist is not None:
+            for load in self.loads.values():
+                dist.all_reduce(load)
+        super().step()
+
+
+def _wrap(model: MtpTrainModel, sharding: str):
+    """What the step calls: the model, DDP around it, or the model with FSDP2-sharded layers."""
+    dist, _, world = _dist()
+    if world == 1:
+        return model
+    if sharding == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.layers:
+            fully_shard(layer)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model)
+
+
+def full_state(model: MtpTrainModel, optimizer) -> tuple[dict, dict]:
+    """Unsharded layer and optimizer state on rank 0 (torch's distributed state-dict API, which
+    gathers FSDP2 shards and passes plain modules through); all ranks must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    return get_state_dict(model.layers, optimizer,
+                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_layer_states(model: MtpTrainModel) -> list[dict[str, torch.Tensor]]:
+    """Each layer's unsharded state dict (complete on rank 0); all ranks must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    flat = get_model_state_dict(model.layers, options=StateDictOptions(full_state_dict=True,
+                                                                        cpu_offload=True))
+    layers: list[dict] = [{} for _ in model.layers]
+    for key, tensor in flat.items():
+        j, name = key.split(".", 1)
+        layers[int(j)][name] = tensor
+    return layers
+
+
+def _restore(model: MtpTrainModel, optimizer, saved: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(model.layers, optimizer, model_state_dict=saved["layers"],
+                   optim_state_dict=saved["optimizer"],
+                   options=StateDictOptions(full_state_dict=True))
+
+
+def train(model: MtpTrainModel, store: SequenceStore, settings: TrainSettings, work_dir: Path,
+          progress: bool = True) -> dict:
+    """Train in place; returns the history. Resumes from ``work_dir/trainer-state.pt``."""
+    from tqdm import tqdm
+
+    dist, rank, world = _dist()
+    torch.set_flush_denormal(True)
+    torch.manual_seed(settings.seed)
+    trainable = model.freeze_except(list(settings.train_only) if settings.train_only else None)
+    wrapped = _wrap(model, settings.sharding)
+    params = [p for p in model.layers.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, betas=(0.9, 0.95),
+                                  weight_decay=settings.weight_decay)
+    balancer = Balancer(model.layers, settings.bias_update_speed)
+    train_ids, held_ids = split(len(store), settings.held_out_fraction)
+    if len(train_ids) < settings.batch_size:
+        raise ValueError(f"{len(train_ids)} training sequences, fewer than one batch "
+                         f"({settings.batch_size}); collect more (more prompts or "
+                         "--samples-per-prompt).")
+    history = {"step": [], "loss": [], "evaluations": [], "trainable_parameters": trainable,
+               "train_sequences": len(train_ids), "held_out_sequences": len(held_ids)}
+    start = 0
+    state_path = work_dir / CHECKPOINT
+    if state_path.exists():
+        saved = torch.load(state_path, weights_only=False)
+        if saved["settings"] != dataclasses.asdict(settings):
+            raise ValueError(f"{state_path} was written with other settings; remove it or "
+                             "train with the same options.")
+        _restore(model, optimizer, saved)
+        history, start = saved["history"], saved["step"]
+    gen = torch.Generator().manual_seed(settings.seed)
+    for _ in range(start):  # the same batches as an uninterrupted run
+        torch.randint(len(train_ids), (settings.batch_size,), generator=gen)
+    started = time.monotonic()
+    bar = tqdm(range(start, settings.steps), desc="training MTP", unit="step",
+               disable=not progress or rank != 0, initial=start, total=settings.steps)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, settings)
+        picks = torch.randint(len(train_ids), (settings.batch_size,), generator=gen).tolist()
+        mine = [train_ids[i] for i in picks[rank::world]]
+        tokens, hidden, lengths = store.batch(mine, settings.max_len)
+        rows = wrapped(tokens, hidden, lengths, settings.loss)
+        counts = torch.stack([r["count"] for r in rows]).float()
+        if dist is not None:
+            dist.all_reduce(counts)
+        weights = [settings.step_weight ** s for s in range(len(rows))]
+        loss = sum(w * r["loss"] / counts[s].clamp(min=1) for s, (w, r)
+                   in enumerate(zip(weights, rows))) * world / sum(weights)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        balancer.step()
+        per_depth = [(r["loss"] / counts[s].clamp(min=1) * world).item()
+                     for s, r in enumerate(rows)]
+        history["step"].append(step)
+        history["loss"].append(per_depth)
+        bar.set_postfix(loss=" ".join(f"{v:.2f}" for v in per_depth))
+        last = step + 1 == settings.steps
+        if held_ids and ((step + 1) % settings.eval_every == 0 or last):
+            history["evaluations"].append({"step": step + 1, **evaluate(
+                model, store, held_ids, settings)})
+            balancer.loads.clear()
+        if (step + 1) % settings.checkpoint_every == 0 or last:
+            layers, optim = full_state(model, optimizer)
+            if rank == 0:
+                tmp = state_path.with_suffix(".partial")
+                torch.save({"settings": dataclasses.asdict(settings), "step": step + 1,
+                            "layers": layers, "optimizer": optim, "history": history}, tmp)
+                tmp.rename(state_path)
+    del wrapped
+    history["seconds"] = history.get("seconds", 0) + time.monotonic() - started
+    return history
+
+
+def plot(history: dict, loss_path: Path, accuracy_path: Path) -> None:
+    """Training loss per depth, and held-out agreement with the target per depth, as PNGs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig_loss, left = plt.subplots(figsize=(6, 4))
+    fig_acc, right = plt.subplots(figsize=(6, 4))
+    losses = list(zip(*history["loss"])) if history["loss"] else []
+    for s, series in enumerate(losses):
+        k = max(1, len(series) // 50)
+        smooth = [sum(series[i:i + k]) / len(series[i:i + k]) for i in range(0, len(series), k)]
+        left.plot(history["step"][::k][:len(smooth)], smooth, label=f"depth {s + 1}")
+    left.set(xlabel="step", ylabel="training loss", title="loss")
+    left.legend()
+    evals = history["evaluations"]
+    for s in range(len(evals[0]["accuracy"]) if evals else 0):
+        right.plot([e["step"] for e in evals], [e["accuracy"][s] for e in evals], marker="o",
+                   label=f"depth {s + 1}")
+    right.set(xlabel="step", ylabel="held-out agreement with the target's greedy token",
+              title="accuracy per depth", ylim=(0, 1))
+    right.legend()
+    for fig, path in ((fig_loss, loss_path), (fig_acc, accuracy_path)):
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+
+def save_history(history: dict, path: Path) -> None:
+    path.write_text(json.dumps(history))
