@@ -99,7 +99,7 @@ def _scaffold(target: TargetCheckpoint, settings: TrainSettings, work: Path) -> 
     from .layers import to_checkpoint_tensors
     from .model import MtpTrainModel
 
-    model = MtpTrainModel(target, settings.init, 1, "recursive")
+    model = MtpTrainModel(target, settings.init, 1, "recursive", settings.seed)
     export(target, [to_checkpoint_tensors(model.layers[0].state_dict())], scaffold)
     return scaffold
 

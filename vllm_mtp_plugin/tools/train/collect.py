@@ -23,6 +23,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from .data import assemble, encode_prompts, load_training_prompts, write_shard
@@ -47,12 +48,35 @@ def _fingerprint(target: Path, prompts_path: Path, settings: CollectSettings) ->
                          if k != "sequences_per_shard"}}
 
 
+MAX_NUM_SEQS = 256  # vLLM's default batch
+
+
+def cpu_kv_cache_bytes(config: dict, max_len: int) -> int | None:
+    """On CPUs vLLM sizes the KV cache at most of the machine's memory unless told (allocating
+    20 GiB took 50 s on a 24 GiB machine): the collecting engine needs a full batch of sequences
+    of ``max_len`` - MLA's latent (kv_lora_rank + qk_rope_head_dim) per layer and token, bf16 or
+    fp32, with a quarter to spare. None on other platforms (vLLM's own sizing) or when
+    ``VLLM_CPU_KVCACHE_SPACE`` says."""
+    import os
+
+    from ...platform import platform_family
+
+    if platform_family() != "cpu" or "VLLM_CPU_KVCACHE_SPACE" in os.environ:
+        return None
+    per_token = (config.get("kv_lora_rank", 512) + config.get("qk_rope_head_dim", 64)) * 4 * (
+        config["num_hidden_layers"] + 1)
+    return int(1.25 * MAX_NUM_SEQS * (max_len + 1) * per_token)
+
+
 def _engine(model_dir: Path, dtype: str, max_len: int, engine_kwargs: dict):
     from vllm import LLM
 
     from ..cpu_features import engine_args_for_dtype
 
     extra, spec = engine_args_for_dtype(dtype, {"method": "mtp", "num_speculative_tokens": 1})
+    kv_bytes = cpu_kv_cache_bytes(json.loads((model_dir / "config.json").read_text()), max_len)
+    if kv_bytes is not None:
+        extra["kv_cache_memory_bytes"] = kv_bytes
     return LLM(str(model_dir), speculative_config=spec, enforce_eager=True,
                enable_prefix_caching=False, enable_chunked_prefill=False,
                max_model_len=max_len + 1, dtype=dtype,
@@ -111,10 +135,12 @@ def collect(model_dir: str | Path, prompts_path: str | Path, data_dir: str | Pat
                                  + k, max_tokens=min(settings.max_new_tokens,
                                                      settings.max_len - len(encoded[p])))
                   for p, k in chunk]
+        started = time.monotonic()
         generated = llm.generate([TokensPrompt(prompt_token_ids=encoded[p]) for p, _ in chunk],
                                  params, use_tqdm=False)
         sequences = [encoded[p] + list(g.outputs[0].token_ids) for (p, _), g in
                      zip(chunk, generated)]
+        generating = time.monotonic() - started
         with tempfile.TemporaryDirectory(dir=data_dir, prefix=".raw-") as raw:
             calls, next_tokens = _record_prefills(llm, sequences, Path(raw))
             fed = [s[1:] + [t] for s, t in zip(sequences, next_tokens)]
@@ -128,7 +154,8 @@ def collect(model_dir: str | Path, prompts_path: str | Path, data_dir: str | Pat
         manifest["skipped_long_prompts"] = skipped
         manifest_path.write_text(json.dumps(manifest, indent=1))
         progress(f"collected shard {n + 1}/{len(chunks)}: {len(sequences)} sequences, "
-                 f"{sum(map(len, sequences))} tokens")
+                 f"{sum(map(len, sequences))} tokens ({generating:.0f} s generating, "
+                 f"{time.monotonic() - started - generating:.0f} s recording)")
     del llm
     shutil.rmtree(data_dir / ".scaffold", ignore_errors=True)
     return manifest

@@ -93,7 +93,8 @@ def _load(layer: nn.Module, state: dict, target: TargetCheckpoint, index: int, i
 class MtpTrainModel(nn.Module):
     """The trainable layers and the frozen target parts they share."""
 
-    def __init__(self, target: TargetCheckpoint, init: str, depth: int, unroll: str):
+    def __init__(self, target: TargetCheckpoint, init: str, depth: int, unroll: str,
+                 seed: int = 0):
         super().__init__()
         if unroll not in UNROLLS:
             raise TrainInputError(f"--unroll {unroll!r}: choose one of {', '.join(UNROLLS)}.")
@@ -103,9 +104,15 @@ class MtpTrainModel(nn.Module):
         self.init = resolve_init(init, target)
         self.unroll = unroll
         self.depth = depth
+        self.lengths: torch.Tensor | None = None
+        self.input_mask: torch.Tensor | None = None
         count = depth if unroll == "chained" else 1
-        self.layers = nn.ModuleList([initial_layer(target, self.config, self.init, j)
-                                     for j in range(count)])
+        layers = []
+        for j in range(count):
+            with torch.random.fork_rng():  # the same start in every process and every run
+                torch.manual_seed(seed + j)
+                layers.append(initial_layer(target, self.config, self.init, j))
+        self.layers = nn.ModuleList(layers)
         self.target = FrozenTarget(self.config, target.float_tensor("model.embed_tokens.weight"),
                                    target.float_tensor("lm_head.weight"))
 
@@ -131,7 +138,10 @@ class MtpTrainModel(nn.Module):
         width = hidden.shape[1]
         for s in range(self.depth):
             n = width - s
-            positions = (torch.arange(n) + s).expand(tokens.shape[0], n)
+            positions = (torch.arange(n, device=tokens.device) + s).expand(tokens.shape[0], n)
+            # Rows with a real input (not right padding), for the expert balancer's counts.
+            self.input_mask = positions < self.lengths[:, None] if self.lengths is not None \
+                else None
             out = mtp_forward(self.layer_at(s), self.target, previous[:, :n],
                               tokens[:, s + 1:s + 1 + n], positions)
             yield s, out
@@ -145,11 +155,12 @@ class MtpTrainModel(nn.Module):
                   loss: str) -> list[dict[str, torch.Tensor]]:
         """Per depth: summed ``loss``, ``correct`` (agreement with the target's greedy token) and
         ``count`` of valid positions (i + s + 2 <= T)."""
+        self.lengths = lengths
         rows = []
         head = self.target.lm_head
         for s, out in self.depth_outputs(tokens, hidden):
             n = out.shape[1] - 1  # the last position has no next token to predict
-            valid = (torch.arange(n) + s + 2)[None, :] <= lengths[:, None]
+            valid = (torch.arange(n, device=tokens.device) + s + 2)[None, :] <= lengths[:, None]
             logits = head(out[:, :n]).float()[valid]
             with torch.no_grad():
                 teacher_logits = head(hidden[:, s + 1:s + 1 + n]).float()[valid]

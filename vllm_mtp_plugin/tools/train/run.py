@@ -45,7 +45,10 @@ def run_training(spec: dict, progress: bool = True) -> None:
             spec["settings"]["train_only"]) if spec["settings"].get("train_only") else None})
         work = Path(spec["work_dir"])
         target = TargetCheckpoint(spec["target"])
-        model = MtpTrainModel(target, settings.init, settings.depth, settings.unroll)
+        model = MtpTrainModel(target, settings.init, settings.depth, settings.unroll,
+                              settings.seed)
+        if torch.cuda.is_available():
+            model.to(torch.device("cuda", torch.cuda.current_device()))
         history = train(model, SequenceStore(spec["data_dir"]), settings, work, progress)
         states = full_layer_states(model)
         if not distributed or torch.distributed.get_rank() == 0:

@@ -75,7 +75,8 @@ def evaluate(model: MtpTrainModel, store: SequenceStore, indices: list[int], set
     """Held-out loss and greedy agreement per depth."""
     sums = [[0.0, 0, 0] for _ in range(model.depth)]
     for i in range(0, len(indices), batch):
-        tokens, hidden, lengths = store.batch(indices[i:i + batch], settings.max_len)
+        tokens, hidden, lengths = (t.to(model.target.lm_head.weight.device)
+                                   for t in store.batch(indices[i:i + batch], settings.max_len))
         for s, row in enumerate(model.objective(tokens, hidden, lengths, settings.loss)):
             sums[s][0] += row["loss"].item()
             sums[s][1] += int(row["correct"])
@@ -85,7 +86,18 @@ def evaluate(model: MtpTrainModel, store: SequenceStore, indices: list[int], set
 
 
 class Balancer(ExpertLoadBalancer):
-    """DeepSeek's bias balancing on the expert loads of all ranks (the same update everywhere)."""
+    """DeepSeek's bias balancing on the expert loads of all ranks (the same update everywhere),
+    counting real tokens only: right padding differs between one process and several."""
+
+    def __init__(self, model: MtpTrainModel, speed: float):
+        super().__init__(model.layers, speed)
+        self.model = model
+
+    def _count(self, router, args, output) -> None:
+        mask = self.model.input_mask
+        if mask is not None and mask.numel() == output[-1].shape[0]:
+            output = (*output[:-1], output[-1][mask.reshape(-1)])
+        super()._count(router, args, output)
 
     def step(self) -> None:
         dist, _, _ = _dist()
@@ -101,10 +113,13 @@ def _wrap(model: MtpTrainModel, sharding: str):
     if world == 1:
         return model
     if sharding == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        # On GPUs the gathered weights are bf16 (fp32 master shards and gradient reduction).
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if torch.cuda.is_available() else MixedPrecisionPolicy())
         for layer in model.layers:
-            fully_shard(layer)
+            fully_shard(layer, mp_policy=policy)
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -147,6 +162,7 @@ def train(model: MtpTrainModel, store: SequenceStore, settings: TrainSettings, w
     from tqdm import tqdm
 
     dist, rank, world = _dist()
+    device = next(model.layers.parameters()).device
     torch.set_flush_denormal(True)
     torch.manual_seed(settings.seed)
     trainable = model.freeze_except(list(settings.train_only) if settings.train_only else None)
@@ -154,7 +170,7 @@ def train(model: MtpTrainModel, store: SequenceStore, settings: TrainSettings, w
     params = [p for p in model.layers.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, betas=(0.9, 0.95),
                                   weight_decay=settings.weight_decay)
-    balancer = Balancer(model.layers, settings.bias_update_speed)
+    balancer = Balancer(model, settings.bias_update_speed)
     train_ids, held_ids = split(len(store), settings.held_out_fraction)
     if len(train_ids) < settings.batch_size:
         raise ValueError(f"{len(train_ids)} training sequences, fewer than one batch "
@@ -182,7 +198,7 @@ def train(model: MtpTrainModel, store: SequenceStore, settings: TrainSettings, w
             group["lr"] = learning_rate(step, settings)
         picks = torch.randint(len(train_ids), (settings.batch_size,), generator=gen).tolist()
         mine = [train_ids[i] for i in picks[rank::world]]
-        tokens, hidden, lengths = store.batch(mine, settings.max_len)
+        tokens, hidden, lengths = (t.to(device) for t in store.batch(mine, settings.max_len))
         rows = wrapped(tokens, hidden, lengths, settings.loss)
         counts = torch.stack([r["count"] for r in rows]).float()
         if dist is not None:

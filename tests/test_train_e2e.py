@@ -1,0 +1,45 @@
+"""A new user's path: a DeepSeek-V3 checkpoint without an MTP layer -> ``vllm-mtp train`` (vLLM's
+default process mode) -> serve the result; acceptance, counted by vLLM, well above the untrained
+layer's. Short settings (the defaults take about ten minutes; docs/training.md has their
+figures)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from vllm_mtp_plugin.tools.bench.prompts import load_prompts
+from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.tiny import trained
+
+HELD_OUT = load_prompts(trained.shipped_dir().parent / "trained_prompts.jsonl")
+
+
+def acceptance(model, k=1):
+    run = run_config(OfflineConfig(model=str(model), num_speculative_tokens=k, prompts=HELD_OUT,
+                                   max_tokens=40, llm_kwargs={"dtype": "bfloat16"}))
+    spec = run["spec_decode"]
+    return spec["num_accepted_tokens"] / spec["num_draft_tokens"]
+
+
+def test_train_a_layer_for_a_target_without_one_and_serve_it(tmp_path):
+    bare = trained.write_checkpoint(tmp_path / "bare", mtp_layers=0)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_mtp_plugin.tools.cli", "train", str(bare), "--out", str(out),
+         "--steps", "300", "--batch-size", "16", "--samples-per-prompt", "2",
+         "--max-new-tokens", "64", "--quiet"],
+        env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "init scratch" in done.stdout  # auto: no MTP layer in the target -> a new one
+    assert "held-out agreement with the target's greedy token, per depth:" in done.stdout
+    assert (out / "training" / "loss.png").stat().st_size > 1000
+    assert (out / "training" / "accuracy.png").stat().st_size > 1000
+    record = json.loads((out / "training" / "training.json").read_text())
+    assert record["sequences"] == 144 and record["held_out"]["accuracy"][0] > 0.2
+    assert json.loads((out / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    trained_rate = acceptance(out)
+    untrained_rate = acceptance(tmp_path / "out.work" / "scaffold")
+    assert trained_rate > 0.25 and trained_rate > untrained_rate + 0.2, (trained_rate,
+                                                                          untrained_rate)

@@ -1,0 +1,260 @@
+"""``vllm-mtp train`` without an engine: refusals, export (bf16 and FP8), resume, DDP at world
+size 2 against one process, the memory plan of a full-size DeepSeek-V3 layer on the meta device.
+
+Training data here is written directly in the collector's shard format from the trained tiny
+model's own forward (transformers), so these tests need no vLLM engine; ``test_train_data.py``
+checks that format against the served drafter.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from vllm_mtp_plugin.tools.tiny import trained
+from vllm_mtp_plugin.tools.train import cli
+from vllm_mtp_plugin.tools.train.checkpoint import (
+    TargetCheckpoint,
+    TrainInputError,
+    dequantize_fp8_blocks,
+    quantize_fp8_blocks,
+)
+from vllm_mtp_plugin.tools.train.data import SequenceStore, load_training_prompts, write_shard
+from vllm_mtp_plugin.tools.train.export import LAYER_SHARD, export
+from vllm_mtp_plugin.tools.train.layers import to_checkpoint_tensors, to_module_state
+from vllm_mtp_plugin.tools.train.memory import memory_plan
+from vllm_mtp_plugin.tools.train.model import MtpTrainModel
+from vllm_mtp_plugin.tools.train.run import LAYERS_FILE, run_training, trained_layers
+from vllm_mtp_plugin.tools.train.trainer import TrainSettings, train
+from vllm_mtp_plugin.weights.preflight import mtp_problems
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train-pipeline")
+    return (trained.write_checkpoint(root / "full", 1), trained.write_checkpoint(root / "bare", 0))
+
+
+@pytest.fixture(scope="module")
+def data(models, tmp_path_factory):
+    """24 sequences of held-out-like text with the target's final-norm states."""
+    from transformers import DeepseekV3ForCausalLM
+
+    full, _ = models
+    model = DeepseekV3ForCausalLM.from_pretrained(full, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(0)
+    sequences, hidden, nxt = [], [], []
+    for n in range(24):
+        ids = torch.randint(2, 4096, (1, 20 + n % 7), generator=gen)
+        with torch.no_grad():
+            out = model(input_ids=ids, output_hidden_states=True)
+        sequences.append(ids[0].tolist())
+        hidden.append(out.hidden_states[-1][0].to(torch.bfloat16))
+        nxt.append(int(out.logits[0, -1].argmax()))
+    directory = tmp_path_factory.mktemp("data")
+    write_shard(directory / "shard-00000.safetensors", sequences, nxt, hidden, [5] * 24, {})
+    return directory
+
+
+def settings(**overrides):
+    return TrainSettings(**{"steps": 6, "batch_size": 4, "eval_every": 3, "checkpoint_every": 2,
+                            "held_out_fraction": 0.2, "init": "scratch", **overrides})
+
+
+def test_refusals_name_the_input_and_the_fix(models, tmp_path, capsys):
+    full, bare = models
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert cli.main([str(bare), "--out", str(tmp_path / "o"), "--prompts", str(empty)]) == 2
+    assert f"--prompts {empty}: no prompts in the file" in capsys.readouterr().out
+    other = tmp_path / "llama"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                   "architectures": ["LlamaForCausalLM"]}))
+    assert cli.main([str(other), "--out", str(tmp_path / "o")]) == 2
+    assert "'llama' is not a DeepSeek-V3-layout model" in capsys.readouterr().out
+    assert cli.main([str(bare), "--out", str(tmp_path / "o"), "--init", "checkpoint"]) == 2
+    out = capsys.readouterr().out
+    assert "--init checkpoint: " in out and "has no MTP layer" in out
+    with pytest.raises(TrainInputError, match="no MTP layer"):
+        MtpTrainModel(TargetCheckpoint(bare), "checkpoint", 1, "chained")
+    assert cli.main([str(bare), "--out", str(tmp_path / "o"), "--train-only", "eh_proj,heads"]) == 2
+    assert "--train-only heads: unknown group" in capsys.readouterr().out
+
+
+def test_a_mismatched_init_layer_is_refused_by_name(models, tmp_path):
+    full, _ = models
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    tensors = load_file(str(full / "model.safetensors"))
+    tensors["model.layers.4.eh_proj.weight"] = tensors["model.layers.4.eh_proj.weight"][:, :256].clone()
+    save_file(tensors, str(broken / "model.safetensors"))
+    (broken / "config.json").write_text((full / "config.json").read_text())
+    with pytest.raises(TrainInputError) as err:
+        MtpTrainModel(TargetCheckpoint(broken), "checkpoint", 1, "chained")
+    assert "eh_proj.weight: checkpoint (256, 256), layer (256, 512)" in str(err.value)
+    assert str(broken) in str(err.value)
+
+
+def test_help_explains_every_choice(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for phrase in ("refresh TARGET's own MTP layer", "last-layer", "recursive", "chained",
+                   "KL divergence", "--train-only", "--nproc", "fsdp", "--temperature"):
+        assert phrase in text, phrase
+
+
+def test_prompt_formats(tmp_path):
+    plain = tmp_path / "p.txt"
+    plain.write_text("first prompt\n\nsecond prompt\n")
+    assert load_training_prompts(plain) == ["first prompt", "second prompt"]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "a"}\n{"messages": [{"role": "user", "content": "b"}]}\n'
+                     '{"kind": "chat", "prompt": "c"}\n')
+    assert load_training_prompts(jsonl) == ["a", [{"role": "user", "content": "b"}],
+                                            [{"role": "user", "content": "c"}]]
+    sharegpt = tmp_path / "s.json"
+    sharegpt.write_text(json.dumps([{"conversations": [{"from": "human", "value": "d"},
+                                                       {"from": "gpt", "value": "e"}]}]))
+    assert load_training_prompts(sharegpt) == [[{"role": "user", "content": "d"}]]
+
+
+def test_layer_names_round_trip(models):
+    target = TargetCheckpoint(models[0])
+    stored = target.layer(4)
+    back = to_checkpoint_tensors(to_module_state(stored, 8))
+    assert set(back) == set(stored) - {"embed_tokens.weight", "shared_head.head.weight"}
+    for name, tensor in back.items():
+        assert torch.equal(tensor, stored[name]), name
+
+
+def test_export_serves_the_trained_layer_beside_the_targets_files(models, data, tmp_path):
+    full, _ = models
+    target = TargetCheckpoint(full)
+    model = MtpTrainModel(target, "checkpoint", 1, "chained")
+    layer = to_checkpoint_tensors(model.layers[0].state_dict())
+    layer["eh_proj.weight"] = layer["eh_proj.weight"] * 1.5  # a changed layer
+    summary = export(target, [layer], tmp_path / "out")
+    out = tmp_path / "out"
+    assert summary["rewritten"] == ["model.safetensors"]  # the old layer shared the file
+    assert not mtp_problems(out, json.loads((out / "config.json").read_text()))
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert not [n for n in f.keys() if n.startswith("model.layers.4.")]
+    with safe_open(str(out / LAYER_SHARD), "pt") as f:
+        stored = f.get_tensor("model.layers.4.eh_proj.weight")
+        assert stored.dtype == torch.bfloat16
+        assert torch.equal(stored, layer["eh_proj.weight"].to(torch.bfloat16))
+        assert "model.layers.4.shared_head.head.weight" in f.keys()  # vLLM's own class loads it
+
+
+def test_fp8_target_round_trip(models, tmp_path, capsys):
+    """A block-FP8 tiny target: its layer is read dequantized and exported as FP8 again, with
+    eh_proj and norms unquantized, as DeepSeek ships them."""
+    full, _ = models
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+             "weight_block_size": [128, 128]}
+    fp8_dir = tmp_path / "fp8"
+    fp8_dir.mkdir()
+    tensors = load_file(str(full / "model.safetensors"))
+    for name in list(tensors):
+        if name.startswith("model.layers.") and name.endswith("proj.weight") and \
+                "eh_proj" not in name and ".mlp.gate." not in name:
+            weight, scale = quantize_fp8_blocks(tensors[name].float(), (128, 128))
+            tensors[name], tensors[name + "_scale_inv"] = weight, scale
+    save_file(tensors, str(fp8_dir / "model.safetensors"))
+    config = {**json.loads((full / "config.json").read_text()), "quantization_config": quant}
+    (fp8_dir / "config.json").write_text(json.dumps(config))
+    target = TargetCheckpoint(fp8_dir)
+    assert target.fp8_block == (128, 128)
+    layer = to_checkpoint_tensors(MtpTrainModel(target, "checkpoint", 1, "chained")
+                                  .layers[0].state_dict())
+    original = load_file(str(full / "model.safetensors"))
+    expert = "mlp.experts.3.up_proj.weight"
+    assert (layer[expert] - original["model.layers.4." + expert].float()).abs().max() < 0.02
+    export(target, [layer], tmp_path / "out")
+    with safe_open(str(tmp_path / "out" / LAYER_SHARD), "pt") as f:
+        weight = f.get_tensor("model.layers.4." + expert)
+        scale = f.get_tensor("model.layers.4." + expert + "_scale_inv")
+        assert weight.dtype == torch.float8_e4m3fn and tuple(scale.shape) == (1, 2)
+        assert f.get_tensor("model.layers.4.eh_proj.weight").dtype == torch.bfloat16
+        assert f.get_tensor("model.layers.4.enorm.weight").dtype == torch.bfloat16
+        back = dequantize_fp8_blocks(weight, scale, (128, 128))
+        assert (back - layer[expert]).abs().max() <= 0.07 * layer[expert].abs().max()
+    from vllm_mtp_plugin.tools.inspect import main as inspect_main
+
+    assert inspect_main([str(tmp_path / "out")]) == 0
+    described = capsys.readouterr().out
+    assert "MTP layer 4: " in described and "OK: usable as an MTP drafter" in described
+
+
+def test_resume_continues_where_it_stopped(models, data, tmp_path, monkeypatch):
+    target = TargetCheckpoint(models[1])
+    store = SequenceStore(data)
+    whole = MtpTrainModel(target, "scratch", 1, "chained")
+    (tmp_path / "whole").mkdir()
+    train(whole, store, settings(), tmp_path / "whole", progress=False)
+    (tmp_path / "cut").mkdir()
+    stopped = MtpTrainModel(target, "scratch", 1, "chained")
+    calls = {"n": 0}
+    real_step = torch.optim.AdamW.step
+
+    def step_then_stop(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:  # after the checkpoint at step 2 and another step
+            raise KeyboardInterrupt
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train(stopped, store, settings(), tmp_path / "cut", progress=False)
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    resumed = MtpTrainModel(target, "scratch", 1, "chained")
+    history = train(resumed, store, settings(), tmp_path / "cut", progress=False)
+    assert history["step"] == list(range(6))
+    for (name, a), b in zip(whole.layers.state_dict().items(),
+                            resumed.layers.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_ddp_world_size_two_matches_one_process(models, data, tmp_path):
+    spec = {"target": str(models[1]), "data_dir": str(data),
+            "settings": {**settings().__dict__, "steps": 4, "train_only": None}}
+    one = tmp_path / "one"
+    one.mkdir()
+    run_training({**spec, "work_dir": str(one)}, progress=False)
+    two = tmp_path / "two"
+    two.mkdir()
+    (two / "spec.json").write_text(json.dumps({**spec, "work_dir": str(two)}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", "-m", "vllm_mtp_plugin.tools.train.run",
+                           str(two / "spec.json")], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (two / LAYERS_FILE).exists()
+    a, b = trained_layers(one)[0], trained_layers(two)[0]
+    initial = to_checkpoint_tensors(MtpTrainModel(TargetCheckpoint(models[1]), "scratch", 1,
+                                                  "chained").layers[0].state_dict())
+    moved = max((a[n] - initial[n]).abs().max().item() for n in a)
+    differ = max((a[n] - b[n]).abs().max().item() for n in a)
+    assert moved > 1e-3  # training changed the layer ...
+    assert differ < 1e-5, sorted(((a[n] - b[n]).abs().max().item(), n) for n in a)[-3:]  # ... the same way in both (stated tolerance: 1e-5 absolute)
+
+
+def test_memory_plan_of_a_full_size_deepseek_v3_layer():
+    from pathlib import Path
+
+    config = json.loads((Path(__file__).parent / "data" / "deepseek_v3_config.json").read_text())
+    plan = memory_plan(config, gpus=8, sharding="fsdp")
+    assert 11.5e9 < plan.parameters < 11.8e9  # 256 experts x 3 x 7168 x 2048 and the rest
+    assert plan.total_per_gpu < 80 * 2**30  # fits an 80 GB GPU with FSDP2 over 8
+    assert memory_plan(config, gpus=8, sharding="ddp").total_per_gpu > 141 * 2**30  # DDP does not
+    subset = memory_plan(config, gpus=8, train_only=["eh_proj", "norms", "attention", "router",
+                                                      "shared_expert"])
+    assert subset.trained_parameters < 0.4e9 and subset.total_per_gpu < plan.total_per_gpu

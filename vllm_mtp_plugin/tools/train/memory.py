@@ -1,0 +1,88 @@
+"""Memory plan for training one MTP layer of a given config on one node, counted on the meta device.
+
+The layer is built exactly as the trainer builds it (transformers' ``MtpLayer`` with a DeepSeek-V3
+decoder block) on ``torch.device("meta")``: its parameter count is the real one, and no memory is
+allocated. Per GPU, with AdamW in fp32 (``vllm-mtp train`` keeps fp32 master weights):
+
+* trained parameters: weights 4 B + gradients 4 B + Adam moments 8 B = 16 B each, divided by the
+  number of ranks under FSDP2 (``--sharding fsdp``), whole on every rank under DDP;
+* frozen parameters (``--train-only`` leaves routed experts frozen): 4 B each, sharded alike;
+* the target's embedding and head, frozen and replicated: 2 x vocab x hidden x 4 B;
+* FSDP2 gathers one layer's weights for compute, in bf16 on GPUs (2 B per parameter);
+* activations: a rough bound per token of the local batch (hidden states, MLA projections, the
+  chosen experts' intermediate activations, and the fp32 logits over the vocabulary, which
+  dominate: vocab x 4 B x 3 for logits, softmax and gradient).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .layers import hf_config, new_layer
+from .model import PARAMETER_GROUPS
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+    parameters: int
+    trained_parameters: int
+    per_gpu_bytes: dict[str, int]
+
+    @property
+    def total_per_gpu(self) -> int:
+        return sum(self.per_gpu_bytes.values())
+
+    def describe(self) -> str:
+        rows = [f"  {k}: {v / 2**30:.1f} GiB" for k, v in self.per_gpu_bytes.items()]
+        return (f"MTP layer: {self.parameters / 1e9:.2f} B parameters, {self.trained_parameters / 1e9:.2f}"
+                f" B trained\nper GPU:\n" + "\n".join(rows)
+                + f"\n  total: {self.total_per_gpu / 2**30:.1f} GiB")
+
+
+def count_layer_parameters(config_json: dict, train_only: list[str] | None = None
+                           ) -> tuple[int, int]:
+    """(all, trained) parameters of one MTP layer, built on the meta device."""
+    config = hf_config(config_json)
+    with torch.device("meta"):
+        layer = new_layer_on_meta(config, int(config_json["num_hidden_layers"]))
+    fragments = [f for g in train_only for f in PARAMETER_GROUPS[g]] if train_only else None
+    total = trained = 0
+    for name, param in layer.named_parameters():
+        total += param.numel()
+        if fragments is None or any(f in name for f in fragments):
+            trained += param.numel()
+    return total, trained
+
+
+def new_layer_on_meta(config, index: int):
+    """The layer without transformers' initialisation (which would touch meta tensors)."""
+    from transformers.modeling_layers import MtpLayer
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3DecoderLayer,
+        DeepseekV3RMSNorm,
+    )
+
+    return MtpLayer(config, DeepseekV3DecoderLayer, DeepseekV3RMSNorm, layer_idx=index)
+
+
+def memory_plan(config_json: dict, gpus: int = 8, sharding: str = "fsdp",
+                tokens_per_gpu: int = 8192, train_only: list[str] | None = None) -> MemoryPlan:
+    total, trained = count_layer_parameters(config_json, train_only)
+    shards = gpus if sharding == "fsdp" else 1
+    hidden, vocab = config_json["hidden_size"], config_json["vocab_size"]
+    experts = config_json.get("num_experts_per_tok", 1) + config_json.get("n_shared_experts", 0)
+    moe = config_json.get("moe_intermediate_size", config_json.get("intermediate_size"))
+    heads = config_json["num_attention_heads"]
+    qk = config_json.get("qk_nope_head_dim", 0) + config_json.get("qk_rope_head_dim", 0)
+    per_token = 4 * (12 * hidden + 3 * heads * qk + 3 * experts * moe) + 4 * 3 * vocab
+    plan = {
+        "trained weights, gradients, Adam": 16 * trained // shards,
+        "frozen layer weights": 4 * (total - trained) // shards,
+        "target embedding + head (frozen, replicated)": 2 * vocab * hidden * 4,
+        "activations": per_token * tokens_per_gpu,
+    }
+    if sharding == "fsdp" and gpus > 1:
+        plan["gathered layer for compute (bf16)"] = 2 * total
+    return MemoryPlan(total, trained, plan)
