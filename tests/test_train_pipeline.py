@@ -258,3 +258,16 @@ def test_memory_plan_of_a_full_size_deepseek_v3_layer():
     subset = memory_plan(config, gpus=8, train_only=["eh_proj", "norms", "attention", "router",
                                                       "shared_expert"])
     assert subset.trained_parameters < 0.4e9 and subset.total_per_gpu < plan.total_per_gpu
+
+
+def test_memory_plan_command(tmp_path, capsys):
+    from pathlib import Path
+
+    target = tmp_path / "v3"
+    target.mkdir()
+    (target / "config.json").write_text(
+        (Path(__file__).parent / "data" / "deepseek_v3_config.json").read_text())
+    save_file({"model.embed_tokens.weight": torch.zeros(1)}, str(target / "model.safetensors"))
+    assert cli.main([str(target), "--memory-plan", "--nproc", "8", "--sharding", "fsdp"]) == 0
+    text = capsys.readouterr().out
+    assert "8 GPU(s), fsdp" in text and "MTP layer: 11.61 B parameters" in text

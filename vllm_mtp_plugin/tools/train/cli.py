@@ -35,7 +35,11 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("target", help="DeepSeek-V3-layout checkpoint directory (with or without MTP "
                                   "layers; unquantized or block-FP8)")
-    p.add_argument("--out", required=True, help="new directory for the servable result")
+    p.add_argument("--out", help="new directory for the servable result")
+    p.add_argument("--memory-plan", action="store_true",
+                   help="print the per-GPU memory plan of training TARGET's MTP layer on --nproc "
+                        "GPUs with --sharding and --train-only (counted on the meta device), "
+                        "and exit")
     p.add_argument("--work-dir", help="collected data, trainer state and logs (default: "
                                       "OUT.work); a re-run with the same options resumes there")
     p.add_argument("--prompts", help="prompt file: plain text lines, JSONL with 'prompt' or "
@@ -44,21 +48,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--init", default="auto", choices=INITS,
                    help="checkpoint: refresh TARGET's own MTP layer; scratch: transformers' "
                         "random initialisation; last-layer: TARGET's last decoder layer as the "
-                        "block (graft); auto: checkpoint if TARGET has an MTP layer, else "
-                        "last-layer")
+                        "block; auto: checkpoint if TARGET has an MTP layer, else scratch")
     p.add_argument("--depth", type=int, default=1,
                    help="draft steps trained (D); serve with num_speculative_tokens up to D")
     p.add_argument("--unroll", default="chained", choices=UNROLLS,
                    help="chained: D layers, step s runs layer L+s (Model Runner V2; DeepSeek's "
                         "sequential MTP); recursive: one layer reused for every step (vLLM's V1 "
                         "runner for k > 1)")
-    p.add_argument("--loss", default="ce", choices=("ce", "kl"),
+    p.add_argument("--loss", default="kl", choices=("ce", "kl"),
                    help="ce: cross-entropy on the target's tokens; kl: KL divergence to the "
                         "target's full distribution (from its stored hidden states and frozen "
                         "head)")
     p.add_argument("--step-weight", type=float, default=0.6,
                    help="depth s weighs STEP_WEIGHT**s")
-    p.add_argument("--steps", type=int, default=TrainSettings.steps)
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps (default: --epochs passes over the collected sequences)")
+    p.add_argument("--epochs", type=float, default=TrainSettings.epochs)
     p.add_argument("--batch-size", type=int, default=TrainSettings.batch_size,
                    help="sequences per step, all ranks together")
     p.add_argument("--lr", type=float, default=TrainSettings.learning_rate)
@@ -70,14 +75,15 @@ def parser() -> argparse.ArgumentParser:
                    help="sampling temperature of the target's continuations (1: its own "
                         "distribution, self-distillation; 0: greedy)")
     p.add_argument("--max-new-tokens", type=int, default=CollectSettings.max_new_tokens)
-    p.add_argument("--samples-per-prompt", type=int, default=4)
+    p.add_argument("--samples-per-prompt", type=int, default=16,
+                   help="continuations sampled per prompt (at --temperature > 0 they differ)")
     p.add_argument("--max-len", type=int, default=CollectSettings.max_len,
                    help="longest prompt + continuation, in tokens")
     p.add_argument("--nproc", type=int, default=1,
                    help="training processes (torchrun; gloo on CPU, NCCL on GPUs)")
     p.add_argument("--sharding", default="ddp", choices=("ddp", "fsdp"),
                    help="with --nproc > 1: DDP replicas, or FSDP2 fully_shard per layer (needed "
-                        "for a full-size DeepSeek-V3 layer; see `vllm-mtp train --memory-plan`)")
+                        "for a full-size DeepSeek-V3 layer; see --memory-plan)")
     p.add_argument("--dtype", default="auto",
                    help="dtype of the collecting engine (vLLM's --dtype)")
     p.add_argument("--copy", action="store_true",
@@ -130,7 +136,9 @@ def _train(args, settings: TrainSettings, work: Path) -> None:
             "work_dir": str(work), "settings": dataclasses.asdict(settings)}
     print(f"[2/3] training {settings.depth if settings.unroll == 'chained' else 1} MTP layer(s) "
           f"(init {settings.init}, depth {settings.depth} {settings.unroll}, loss "
-          f"{settings.loss}, {settings.steps} steps, {args.nproc} process(es))", flush=True)
+          f"{settings.loss}, "
+          f"{f'{settings.steps} steps' if settings.steps else f'{settings.epochs:g} epochs'}, "
+          f"{args.nproc} process(es))", flush=True)
     if args.nproc <= 1:
         from .run import run_training
 
@@ -161,6 +169,20 @@ def _run(args) -> int:
     from .trainer import plot
 
     target = TargetCheckpoint(args.target)
+    groups = tuple(args.train_only.split(",")) if args.train_only else None
+    unknown = [g for g in groups or () if g not in PARAMETER_GROUPS]
+    if unknown:
+        raise TrainInputError(f"--train-only {','.join(unknown)}: unknown group; choose "
+                              f"from {', '.join(PARAMETER_GROUPS)}.")
+    if args.memory_plan:
+        from .memory import memory_plan
+
+        plan = memory_plan(target.config, gpus=args.nproc, sharding=args.sharding,
+                           train_only=list(groups) if groups else None)
+        print(f"{target.dir}, {args.nproc} GPU(s), {args.sharding}:\n{plan.describe()}")
+        return 0
+    if not args.out:
+        raise TrainInputError("--out DIR is required (a new directory for the result).")
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise TrainInputError(f"--out {out} exists and is not empty; give a new directory.")
@@ -169,17 +191,11 @@ def _run(args) -> int:
     from .data import load_training_prompts
 
     load_training_prompts(prompts)  # a bad prompt file fails before any engine starts
-    groups = tuple(args.train_only.split(",")) if args.train_only else None
-    settings = TrainSettings(steps=args.steps, batch_size=args.batch_size,
+    settings = TrainSettings(steps=args.steps, epochs=args.epochs, batch_size=args.batch_size,
                              learning_rate=args.lr, depth=args.depth, unroll=args.unroll,
                              step_weight=args.step_weight, loss=args.loss,
                              init=resolve_init(args.init, target), train_only=groups,
                              seed=args.seed, sharding=args.sharding)
-    if groups:
-        unknown = [g for g in groups if g not in PARAMETER_GROUPS]
-        if unknown:
-            raise TrainInputError(f"--train-only {','.join(unknown)}: unknown group; choose "
-                                  f"from {', '.join(PARAMETER_GROUPS)}.")
     work = Path(args.work_dir or f"{out}.work")
     work.mkdir(parents=True, exist_ok=True)
     manifest = _collect(args, target, settings, work, prompts)
@@ -194,13 +210,14 @@ def _run(args) -> int:
     report = out / "training"
     report.mkdir()
     plot(record, report / "loss.png", report / "accuracy.png")
-    final = record["evaluations"][-1] if record["evaluations"] else None
+    final = record.get("best")
     (report / "training.json").write_text(json.dumps(
         {"settings": dataclasses.asdict(settings), "sequences": sequences, "tokens": tokens,
          "held_out": final, "seconds": record.get("seconds"),
          "trainable_parameters": record["trainable_parameters"]}, indent=1))
     if final:
-        print("held-out agreement with the target's greedy token, per depth: "
+        print(f"exported the layer(s) of step {final['step']} of {record['steps']} (best held-out "
+              "loss); held-out agreement with the target's greedy token, per depth: "
               + ", ".join(f"{a:.3f}" for a in final["accuracy"]))
     k = summary["mtp_layers"] if settings.unroll == "chained" else settings.depth
     print(f"{out}: {summary['mtp_layers']} MTP layer(s) written; the target's files "

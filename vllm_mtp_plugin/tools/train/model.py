@@ -38,10 +38,12 @@ PARAMETER_GROUPS = {
 
 
 def resolve_init(init: str, target: TargetCheckpoint) -> str:
-    """``auto``: refresh the target's own MTP layer, or start from its last layer when it has none."""
+    """``auto``: refresh the target's own MTP layer, or start a new one from scratch when it has
+    none (on the tiny DeepSeek, scratch reached 0.66 held-out agreement in 500 steps where the
+    last-layer start reached 0.52: docs/training.md)."""
     own = target.mtp_layers()
     if init == "auto":
-        return "checkpoint" if own else "last-layer"
+        return "checkpoint" if own else "scratch"
     if init == "checkpoint" and not own:
         raise TrainInputError(
             f"--init checkpoint: {target.dir} has no MTP layer (no model.layers."

@@ -2,8 +2,9 @@
 
 ``python -m torch.distributed.run --nproc-per-node N -m vllm_mtp_plugin.tools.train.run SPEC``
 starts N ranks (gloo on CPU, NCCL on GPUs); without torchrun's environment the run is one
-process. Rank 0 writes ``trained-layers.safetensors`` (checkpoint names below
-``model.layers.{L+j}.``, keyed ``{j}.{name}``) and ``history.json`` into the work directory.
+process. Rank 0 writes ``trained-layers.safetensors`` (the layers at the step with the best held-out
+loss, checkpoint names below ``model.layers.{L+j}.``, keyed ``{j}.{name}``) and ``history.json``
+into the work directory.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .checkpoint import TargetCheckpoint
 from .data import SequenceStore
 from .layers import to_checkpoint_tensors
 from .model import MtpTrainModel
-from .trainer import TrainSettings, full_layer_states, save_history, train
+from .trainer import BEST_LAYERS, TrainSettings, full_layer_states, save_history, train
 
 LAYERS_FILE = "trained-layers.safetensors"
 HISTORY_FILE = "history.json"
@@ -53,6 +54,9 @@ def run_training(spec: dict, progress: bool = True) -> None:
         states = full_layer_states(model)
         if not distributed or torch.distributed.get_rank() == 0:
             from safetensors.torch import save_file
+
+            if (work / BEST_LAYERS).exists():  # the layer with the best held-out loss
+                states = torch.load(work / BEST_LAYERS)
 
             tensors = {f"{j}.{name}": t.contiguous() for j, state in enumerate(states)
                        for name, t in to_checkpoint_tensors(state).items()}
