@@ -3,6 +3,7 @@ DeepSeek and held-out prompts (``tools/data/trained_prompts.jsonl``, none of the
 training). Writes ``benchmarks/results/training/<proof>.json``; ``docs/training.md`` shows them.
 
     python benchmarks/train_proofs.py graft      # (a) no MTP layer -> trained from scratch
+    python benchmarks/train_proofs.py refresh    # (b) target fine-tuned on C++ -> layer refreshed
     python benchmarks/train_proofs.py recursive  # (c) depth-3 recursive vs depth-1 training
     python benchmarks/train_proofs.py foreign    # (d) a target written by transformers
 
@@ -27,10 +28,10 @@ RESULTS = Path(__file__).parent / "results" / "training"
 PROMPTS = trained.shipped_dir().parent / "trained_prompts.jsonl"
 
 
-def acceptance(model: Path, ks=(1, 2, 3)) -> dict:
-    """Per k: per-position acceptance and acceptance length, over all held-out prompts."""
+def acceptance(model: Path, ks=(1, 2, 3), prompts: list[str] | None = None) -> dict:
+    """Per k: per-position acceptance and acceptance length, over the held-out prompts."""
     groups = load_prompt_groups(PROMPTS)
-    prompts = [p for kind, ps in groups.items() if kind != "chat" for p in ps]
+    prompts = prompts or [p for kind, ps in groups.items() if kind != "chat" for p in ps]
     rows = {}
     for k in ks:
         run = run_config(OfflineConfig(model=str(model), num_speculative_tokens=k, prompts=prompts,
@@ -86,7 +87,86 @@ def foreign(root: Path) -> dict:
     return {"files": files, "train": run, "trained": acceptance(root / "foreign-trained")}
 
 
-PROOFS = {"graft": graft, "recursive": recursive, "foreign": foreign}
+def cpp_documents() -> list[tuple[str, str]]:
+    """Another kind of text: the C++ headers of c10 that ship inside torch (BSD-3-Clause)."""
+    import torch
+
+    root = Path(torch.__file__).parent / "include"
+    return [(str(p.relative_to(root)), p.read_text(errors="replace"))
+            for p in sorted((root / "c10").rglob("*.h"))]
+
+
+def cpp_prompt(text: str) -> str:
+    """A few lines from a third of the way into a header (past its includes)."""
+    lines = text.splitlines()
+    start = len(lines) // 3
+    return "\n".join(lines[start:start + 4]) + "\n"
+
+
+def fine_tune_target(full: Path, out: Path, texts: list[str], steps: int = 300) -> dict:
+    """The target fine-tuned on ``texts`` (CE, AdamW), saved with its *old* MTP layer - a
+    fine-tuned model that kept the layer shipped with its base."""
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer, DeepseekV3ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(full)
+    ids = torch.tensor([t for text in texts for t in tokenizer(text)["input_ids"]])
+    model = DeepseekV3ForCausalLM.from_pretrained(full, dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(0)
+    started, losses = time.monotonic(), []
+    for _ in range(steps):
+        starts = torch.randint(0, ids.numel() - 257, (8,), generator=gen).tolist()
+        batch = torch.stack([ids[s:s + 256] for s in starts])
+        logits = model(input_ids=batch).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    model.save_pretrained(out / "target", safe_serialization=True)
+    tensors = {}
+    for shard in (out / "target").glob("*.safetensors"):
+        tensors.update(load_file(str(shard)))
+    old = load_file(str(full / "model.safetensors"))
+    tensors = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
+    tensors.update({k: v for k, v in old.items() if k.startswith("model.layers.4.")})
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_bytes((full / name).read_bytes())
+    import shutil
+
+    shutil.rmtree(out / "target")
+    return {"tokens": int(ids.numel()), "steps": steps, "first_loss": losses[0],
+            "last_loss": sum(losses[-20:]) / 20, "seconds": round(time.monotonic() - started)}
+
+
+def refresh(root: Path) -> dict:
+    docs = cpp_documents()
+    held = [text for i, (_, text) in enumerate(docs) if i % 10 == 9]
+    train_docs = [text for i, (_, text) in enumerate(docs) if i % 10 != 9]
+    prompts_file = root / "cpp_prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps({"prompt": cpp_prompt(t)}) + "\n"
+                                    for t in train_docs))
+    held_prompts = [cpp_prompt(t) for t in held][:12]
+    full = trained.write_checkpoint(root / "full", 1)
+    tuned = root / "tuned"
+    tuned.mkdir()
+    tuning = fine_tune_target(full, tuned, train_docs)
+    run = train(tuned, root / "refreshed", "--prompts", str(prompts_file))
+    return {"corpus": f"torch {__import__('torch').__version__} include/c10/**/*.h "
+                      f"({len(train_docs)} train / {len(held)} held-out files)",
+            "fine_tune": tuning, "train": run,
+            "base_on_cpp": acceptance(full, prompts=held_prompts),
+            "fine_tuned_old_layer_on_cpp": acceptance(tuned, prompts=held_prompts),
+            "fine_tuned_refreshed_on_cpp": acceptance(root / "refreshed", prompts=held_prompts)}
+
+
+PROOFS = {"graft": graft, "refresh": refresh, "recursive": recursive, "foreign": foreign}
 
 
 def main(argv: list[str]) -> int:

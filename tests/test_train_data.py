@@ -10,14 +10,25 @@
 import pytest
 import torch
 
+from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.train.checkpoint import TargetCheckpoint
-from vllm_mtp_plugin.tools.train.collect import CollectSettings, _engine, collect
+from vllm_mtp_plugin.tools.train.collect import (
+    CollectSettings,
+    _engine,
+    collect,
+    cpu_without_bf16,
+)
 from vllm_mtp_plugin.tools.train.data import SequenceStore, assemble
 from vllm_mtp_plugin.tools.train.layers import FrozenTarget, hf_config, mtp_forward
 from vllm_mtp_plugin.tools.train.model import initial_layer
 
 UNI = {"distributed_executor_backend": "uni"}
+
+
+def collecting_dtype():
+    """The collector's engine dtype: the checkpoint's bf16, fp32 on CPUs without AVX512-BF16."""
+    return torch.float32 if cpu_without_bf16() else torch.bfloat16
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +53,7 @@ def test_collection_writes_resumable_shards(collected):
     assert len(store) == 6
     for tokens, hidden in zip(store.tokens, store.hidden):
         assert tokens.shape[0] == hidden.shape[0] + 1 and hidden.shape[1] == 256
-        assert hidden.dtype == torch.bfloat16  # the target's dtype, as vLLM hands it over
+        assert hidden.dtype == collecting_dtype()  # as vLLM hands it over
     # Samples of one prompt share the prompt and (causal attention) its hidden states.
     n = store.tokens[0].shape[0] - 1
     common = next(i for i in range(n) if store.tokens[0][i] != store.tokens[1][i])
@@ -55,9 +66,11 @@ def test_stored_states_are_what_the_drafter_gets_while_serving(target, collected
     data, _ = collected
     store = SequenceStore(data)
     sequences = [store.tokens[i][:-1].tolist() for i in (0, 2, 4)]
-    llm = LLM(str(target), speculative_config={"method": "mtp", "num_speculative_tokens": 2},
+    dtype = str(collecting_dtype()).removeprefix("torch.")
+    extra, spec = engine_args_for_dtype(dtype, {"method": "mtp", "num_speculative_tokens": 2})
+    llm = LLM(str(target), speculative_config=spec, dtype=dtype,
               worker_extension_cls="vllm_mtp_plugin.recording.RecordingWorkerExtension",
-              max_model_len=512, **UNI)
+              max_model_len=512, **extra, **UNI)
     assert llm.collective_rpc("start_mtp_recording", args=(str(tmp_path / "raw"),)) == [True]
     llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences],
                  SamplingParams(max_tokens=4, temperature=0))

@@ -222,9 +222,12 @@ def test_resume_continues_where_it_stopped(models, data, tmp_path, monkeypatch):
         assert torch.equal(a, b), name
 
 
-def test_ddp_world_size_two_matches_one_process(models, data, tmp_path):
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_world_size_two_matches_one_process(models, data, tmp_path, sharding):
+    """torchrun with gloo: DDP, and FSDP2 fully_shard (the full-size path)."""
     spec = {"target": str(models[1]), "data_dir": str(data),
-            "settings": {**settings().__dict__, "steps": 4, "train_only": None}}
+            "settings": {**settings().__dict__, "steps": 4, "train_only": None,
+                         "sharding": sharding}}
     one = tmp_path / "one"
     one.mkdir()
     run_training({**spec, "work_dir": str(one)}, progress=False)
@@ -244,7 +247,11 @@ def test_ddp_world_size_two_matches_one_process(models, data, tmp_path):
     moved = max((a[n] - initial[n]).abs().max().item() for n in a)
     differ = max((a[n] - b[n]).abs().max().item() for n in a)
     assert moved > 1e-3  # training changed the layer ...
-    assert differ < 1e-5, sorted(((a[n] - b[n]).abs().max().item(), n) for n in a)[-3:]  # ... the same way in both (stated tolerance: 1e-5 absolute)
+    assert differ < 1e-5, sorted(((a[n] - b[n]).abs().max().item(), n) for n in a)[-3:]
+    # ... the same way in both (stated tolerance: 1e-5 absolute), and the same reported losses
+    one_losses = json.loads((one / "history.json").read_text())["loss"]
+    two_losses = json.loads((two / "history.json").read_text())["loss"]
+    assert max(abs(x[0] - y[0]) for x, y in zip(one_losses, two_losses)) < 1e-4
 
 
 def test_memory_plan_of_a_full_size_deepseek_v3_layer():

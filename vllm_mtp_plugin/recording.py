@@ -48,7 +48,8 @@ def record(input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_state
     from safetensors.torch import save_file
 
     if input_ids is None:
-        return  # called with embeddings only: nothing to key the data by
+        raise RuntimeError("vllm-mtp train's recording needs the drafter's input token ids, and "
+                           "this host called the drafter with embeddings only.")
     n = positions.shape[-1]
     tensors = {"input_ids": input_ids[:n], "positions": positions[..., :n].reshape(n),
                "hidden_states": hidden_states[:n]}

@@ -68,11 +68,20 @@ def cpu_kv_cache_bytes(config: dict, max_len: int) -> int | None:
     return int(1.25 * MAX_NUM_SEQS * (max_len + 1) * per_token)
 
 
+def cpu_without_bf16() -> bool:
+    from ...platform import platform_family
+    from ..cpu_features import AVX512_BF16, host_cpu_flags
+
+    return platform_family() == "cpu" and AVX512_BF16 not in host_cpu_flags()
+
+
 def _engine(model_dir: Path, dtype: str, max_len: int, engine_kwargs: dict):
     from vllm import LLM
 
     from ..cpu_features import engine_args_for_dtype
 
+    if dtype == "auto" and cpu_without_bf16():
+        dtype = "float32"  # bf16 is compute-bound there (docs/platforms.md: "On CPU")
     extra, spec = engine_args_for_dtype(dtype, {"method": "mtp", "num_speculative_tokens": 1})
     kv_bytes = cpu_kv_cache_bytes(json.loads((model_dir / "config.json").read_text()), max_len)
     if kv_bytes is not None:
@@ -131,6 +140,10 @@ def collect(model_dir: str | Path, prompts_path: str | Path, data_dir: str | Pat
         if first in done:
             continue
         chunk = [(p, k) for p, k in chunk if len(encoded[p]) < settings.max_len]
+        if not chunk:  # every prompt of this chunk is longer than --max-len
+            manifest["shards"].append({"file": None, "first": first, "sequences": 0,
+                                       "tokens": 0})
+            continue
         params = [SamplingParams(temperature=settings.temperature, seed=settings.seed + p * 1000
                                  + k, max_tokens=min(settings.max_new_tokens,
                                                      settings.max_len - len(encoded[p])))

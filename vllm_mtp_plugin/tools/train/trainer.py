@@ -222,8 +222,10 @@ def train(model: MtpTrainModel, store: SequenceStore, settings: TrainSettings, w
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         balancer.step()
-        per_depth = [(r["loss"] / counts[s].clamp(min=1) * world).item()
-                     for s, r in enumerate(rows)]
+        sums = torch.stack([r["loss"].detach() for r in rows])
+        if dist is not None:
+            dist.all_reduce(sums)  # the whole batch's loss, as one process reports it
+        per_depth = (sums / counts.clamp(min=1)).tolist()
         history["step"].append(step)
         history["loss"].append(per_depth)
         bar.set_postfix(loss=" ".join(f"{v:.2f}" for v in per_depth))
