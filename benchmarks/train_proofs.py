@@ -6,6 +6,7 @@ training). Writes ``benchmarks/results/training/<proof>.json``; ``docs/training.
     python benchmarks/train_proofs.py refresh    # (b) target fine-tuned on C++ -> layer refreshed
     python benchmarks/train_proofs.py recursive  # (c) depth-3 recursive vs depth-1 training
     python benchmarks/train_proofs.py foreign    # (d) a target written by transformers
+    python benchmarks/train_proofs.py plot       # docs/training-acceptance.png from the results
 
 Each proof runs ``vllm-mtp train`` with its defaults (unless stated), then serves every
 checkpoint at k = 1..3 (V1 runner, vLLM's default compilation, greedy, 4 held-out prompts per kind
@@ -169,10 +170,49 @@ def refresh(root: Path) -> dict:
 PROOFS = {"graft": graft, "refresh": refresh, "recursive": recursive, "foreign": foreign}
 
 
+PLOTTED = (("graft", "untrained_initial_layer", "untrained layer"),
+           ("graft", "jointly_trained", "jointly trained (shipped)"),
+           ("graft", "trained_from_scratch", "vllm-mtp train, depth 1"),
+           ("recursive", "depth3_recursive", "vllm-mtp train, depth 3 recursive"),
+           ("refresh", "base_on_cpp", "C++: base target + its layer"),
+           ("refresh", "fine_tuned_old_layer_on_cpp", "C++: fine-tuned target + old layer"),
+           ("refresh", "fine_tuned_refreshed_on_cpp", "C++: fine-tuned target + refreshed"))
+
+
+def plot(path: Path) -> None:
+    """Acceptance per draft position at the largest k measured, one bar group per layer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for proof, key, label in PLOTTED:
+        file = RESULTS / f"{proof}.json"
+        if file.exists() and key in (data := json.loads(file.read_text())):
+            k = max(data[key], key=int)
+            rows.append((label, data[key][k]["per_position"]))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / max(1, len(rows))
+    for i, (label, values) in enumerate(rows):
+        ax.bar([p + i * width for p in range(len(values))], values, width, label=label)
+    ax.set_xticks([p + 0.4 - width / 2 for p in range(3)], ["position 1", "position 2",
+                                                           "position 3"])
+    ax.set(ylabel="acceptance (vLLM counters)", ylim=(0, 1),
+           title="MTP acceptance per draft position, trained tiny DeepSeek, held-out prompts")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str]) -> int:
     import tempfile
 
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if argv == ["plot"]:
+        plot(Path(__file__).parent.parent / "docs" / "training-acceptance.png")
+        return 0
     for name in argv or list(PROOFS):
         with tempfile.TemporaryDirectory() as tmp:
             result = {"date": time.strftime("%Y-%m-%d"), "machine": _machine(),

@@ -20,7 +20,7 @@ import dataclasses
 
 import torch
 
-from .layers import hf_config, new_layer
+from .layers import hf_config
 from .model import PARAMETER_GROUPS
 
 
