@@ -8,7 +8,9 @@ training). Writes ``benchmarks/results/training/<proof>.json``; ``docs/training.
     python benchmarks/train_proofs.py foreign    # (d) a target written by transformers
     python benchmarks/train_proofs.py plot       # docs/training-acceptance.png from the results
 
-Each proof runs ``vllm-mtp train`` with its defaults (unless stated), then serves every
+The refresh result committed comes from a run stopped at training step 400 of 1,186 for time,
+its best layer exported by hand (docs/training.md says so). Each proof runs ``vllm-mtp train``
+with its defaults (unless stated), then serves every
 checkpoint at k = 1..3 (V1 runner, vLLM's default compilation, greedy, 4 held-out prompts per kind
 x 64 tokens) and records per-position acceptance.
 """
