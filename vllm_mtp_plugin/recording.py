@@ -3,9 +3,9 @@
 The drafter's first draft step gets, for every token the target just computed, the target's
 hidden state (for DeepSeek-V3: after the target's final norm), the next token and the position.
 That is exactly the input an MTP layer is trained on, so ``vllm-mtp train`` collects it here,
-inside vLLM, and the same collection works with tensor/expert parallelism on a GPU node: rank 0
-of each tensor-parallel group writes (the hidden states are replicated across it), one file per
-drafter call.
+inside vLLM, so that the same collection serves tensor/expert-parallel engines: rank 0 of each
+tensor-parallel group writes (the hidden states are replicated across it), one file per drafter
+call (tested with one rank).
 
 Turned on per worker through vLLM's ``worker_extension_cls`` and ``LLM.collective_rpc``
 (``RecordingWorkerExtension``), so warm-up and profiling runs are not recorded. Recording is a
