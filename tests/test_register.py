@@ -66,11 +66,26 @@ print(ModelRegistry.models["DeepSeekMTPModel"].module_name)
     assert out.stdout.split() == ["1", "False", "vllm_mtp_plugin.models.v3"]
 
 
-def test_architecture_table_points_at_importable_classes():
-    for arch, target in vllm_mtp_plugin.ARCHITECTURES.items():
-        module, _, cls = target.partition(":")
-        assert module.startswith("vllm_mtp_plugin.models."), arch
-        assert cls
+def test_vllms_registry_resolves_each_architecture_to_our_class():
+    """What vLLM's model loader gets for each name: the class the table names, importable, an
+    ``nn.Module`` with vLLM's ``(*, vllm_config, prefix="")`` constructor."""
+    import importlib
+
+    from torch import nn
+    from vllm import ModelRegistry
+
+    vllm_mtp_plugin.register()
+    expected = {"DeepSeekMTPModel": ("vllm_mtp_plugin.models.v3", "DeepSeekMTP"),
+                "DeepSeekV4MTPModel": ("vllm_mtp_plugin.models.v4", "DeepSeekV4MTP")}
+    assert {arch: tuple(target.split(":")) for arch, target in
+            vllm_mtp_plugin.ARCHITECTURES.items()} == expected
+    for arch, (module, name) in expected.items():
+        cls = getattr(importlib.import_module(module), name)
+        assert ModelRegistry._try_load_model_cls(arch) is cls, arch
+        assert issubclass(cls, nn.Module) and cls.__module__ == module
+        params = inspect.signature(cls.__init__).parameters
+        assert params["vllm_config"].kind is inspect.Parameter.KEYWORD_ONLY, arch
+        assert params["prefix"].default == "", arch
 
 
 def test_patched_hf_config_override_pickles_and_runs_in_a_process_without_the_plugin():
