@@ -153,13 +153,6 @@ def test_compute_logits_is_hc_head_norm_and_the_targets_head(drafter, tensors):
     assert torch.equal(logits.argmax(-1), expected.argmax(-1))
 
 
-def test_the_drafter_class_vllm_gets_for_v4():
-    import vllm_mtp_plugin
-
-    assert vllm_mtp_plugin.ARCHITECTURES["DeepSeekV4MTPModel"] == \
-        "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
-
-
 # ---------------------------------------------------------------------------------------------
 # The tiny checkpoints' norms and hc_head are random: a wrong mapping shows in the output.
 # ---------------------------------------------------------------------------------------------
