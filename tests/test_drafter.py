@@ -69,14 +69,6 @@ def test_logits_equal_the_checkpoint_head_over_the_shared_head_norm(engine):
         torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_generation_with_two_mtp_layers_counts_drafts(engine, prompts):
-    from vllm import SamplingParams
-
-    llm, _ = engine
-    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
-    assert [len(o.outputs[0].token_ids) for o in outputs] == [16] * len(prompts)
-
-
 def test_spec_step_picks_layer_modulo_the_number_of_layers():
     class Layer(nn.Module):
         def __init__(self, vllm_config, prefix):
