@@ -37,8 +37,9 @@ def test_completions_chat_and_spec_decode_metrics(server):
     delta = metrics.scrape(server.base_url) - before
     assert completion.usage.completion_tokens == 20 and completion.choices[0].text
     assert chat.usage.completion_tokens == 20 and chat.choices[0].message.content
-    # Oracle drafter: every draft accepted, at both positions.
-    assert delta.num_drafts > 0
+    # Oracle drafter: every draft accepted, at both positions. A request's first token comes from
+    # its prefill, then each verified draft gives k + 1 = 3: ceil(19 / 3) = 7 drafts per request.
+    assert delta.num_drafts == 2 * 7
     assert delta.num_draft_tokens == 2 * delta.num_drafts
     assert delta.num_accepted_tokens == delta.num_draft_tokens
     assert delta.accepted_per_position == (delta.num_drafts, delta.num_drafts)
@@ -80,14 +81,24 @@ def test_demo_runs_end_to_end_on_the_trained_model(tmp_path):
     replies = re.findall(r"^\[demo\] (code|prose|chat) +.* -> 16 tokens: (.*)$", out.stdout, re.M)
     assert [kind for kind, _ in replies] == ["code"] * 2 + ["prose"] * 2 + ["chat"] * 2
     assert len({reply for _, reply in replies}) == 6 and not any("<|t" in r for _, r in replies)
-    # One acceptance table per kind from the counters, 2 positions each; a trained drafter is
-    # neither always right nor equally right on code, prose and chat.
+    # One acceptance table per kind from vLLM's counters (2 requests of 16 tokens, k = 2). Each
+    # request's first token comes from its prefill, then each draft gives 1 + its accepted tokens,
+    # the last one cut at max_tokens: 2 * 16 <= 2 + drafts + accepted <= 2 * (16 + 2).
     firsts = []
     for kind in ("code", "prose", "chat"):
-        table = out.stdout.split(f"\n{kind}:\n", 1)[1]
-        rates = [float(x) for x in re.findall(r"position [01]\s+([\d.]+)%", table)[:2]]
-        assert len(rates) == 2 and rates[0] > 0
-        firsts.append(rates[0])
-    assert min(firsts) < 100 and len(set(firsts)) > 1
+        block = out.stdout.split(f"\n{kind}:\n", 1)[1].split("\n\n", 1)[0]
+        row = dict(re.findall(r"^ *(\S.*?) {2,}(\S+)$", block, re.M))
+        drafts, drafted, accepted = (int(row[n]) for n in ("drafts", "draft tokens",
+                                                            "accepted tokens"))
+        first, second = (float(row[f"position {i}"].rstrip("%")) for i in (0, 1))
+        assert drafted == 2 * drafts and 32 <= 2 + drafts + accepted <= 36, (kind, row)
+        assert round((first + second) * drafts / 100) == accepted, (kind, row)
+        assert row["acceptance rate"] == f"{accepted / drafted:.1%}", (kind, row)
+        assert row["mean acceptance length"] == f"{1 + accepted / drafts:.2f}", (kind, row)
+        # Position 1 is accepted only after position 0; a trained drafter (unlike the oracle) is
+        # neither always right nor equally right on code, prose and chat.
+        assert 0 <= second <= first and 0 < first < 100, (kind, row)
+        firsts.append(first)
+    assert len(set(firsts)) > 1
     assert "nothing in the checkpoint sets it" in out.stdout
     assert (tmp_path / "vllm-mtp-plugin" / "tiny-trained" / "model.safetensors").exists()
