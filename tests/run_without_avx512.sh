@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/install.sh
-site=$("${PYTHON:-python3}" -c 'from vllm_mtp_plugin.tools.mrv2 import SITE_DIR; print(SITE_DIR)')
-export MTP_TEST_HIDE_AVX512=1 PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+# The switch acts in tests/mrv2_harness/sitecustomize.py, first thing in every process.
+export MTP_TEST_HIDE_AVX512=1 PYTHONPATH="$PWD/tests/mrv2_harness${PYTHONPATH:+:$PYTHONPATH}"
 exec bash tests/run.sh "$@"

