@@ -244,7 +244,7 @@ def test_rotation_weight_the_drafter_was_not_built_for_is_named(world, monkeypat
     """A hub-id checkpoint with ``rot.weight`` but no ``is_rot_used``: a clear error, not a generic
     unknown tensor."""
     from vllm_mtp_plugin.models import v3
-    from vllm_mtp_plugin.weights.rules import CheckpointError
+    from vllm_mtp_plugin.weights.loader import CheckpointError
 
     monkeypatch.setattr(v3, "uses_rotation", lambda vllm_config: False)
     with pytest.raises(CheckpointError, match=r"top-level 'rot.weight'.*\"is_rot_used\": true"):

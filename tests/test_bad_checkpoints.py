@@ -28,7 +28,7 @@ def test_checkpoint_without_its_mtp_layer(checkpoints, tmp_path):
     model = derive(checkpoints("oracle"), tmp_path / "no-mtp",
                    lambda t: {k: v for k, v in t.items() if not k.startswith("model.layers.2.")})
     message = load_error(model)
-    assert f"{model} has no tensors for MTP layer 0 (model.layers.2.*" in message
+    assert f"{model}/model.safetensors has no tensors for MTP layer 0 (model.layers.2.*" in message
     assert "quantized or exported without its MTP layers" in message
 
 

@@ -45,9 +45,13 @@ loaded = sorted(m for m in sys.modules if m.startswith("vllm_mtp_plugin"))
 print(len(loaded), *loaded)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    count, *loaded = out.stdout.split()
-    assert int(count) == len(loaded) and "vllm_mtp_plugin.models.v4" in loaded
-    assert [m for m in loaded if m.startswith("vllm_mtp_plugin.tools")] == []
+    _, *loaded = out.stdout.split()
+    asked = {"vllm_mtp_plugin.models.v3", "vllm_mtp_plugin.models.v4", "vllm_mtp_plugin.weights.v3",
+             "vllm_mtp_plugin.weights.v4", "vllm_mtp_plugin.ops", "vllm_mtp_plugin.patches"}
+    assert asked <= set(loaded)
+    plugin_part = {".".join(("vllm_mtp_plugin", *p.relative_to(PACKAGE).with_suffix("").parts))
+                   .removesuffix(".__init__") for p in plugin_modules()}
+    assert sorted(set(loaded) - plugin_part) == []  # tools/ is not in the plugin part
 
 
 def test_every_patch_is_listed_in_docs_patches():
@@ -67,10 +71,15 @@ def test_every_patch_is_listed_in_docs_patches():
     assert "| `keep_claimed_architectures` (`precedence.py`) |" in readme
 
 
-def test_one_header_reader_for_loader_inspect_and_preflight():
+def test_one_header_reader_and_one_layer_description_for_loader_inspect_and_preflight():
     from vllm_mtp_plugin.tools import inspect as inspect_tool
-    from vllm_mtp_plugin.weights import headers, preflight, rules
+    from vllm_mtp_plugin.weights import headers, layers, loader, preflight, v4
 
     assert inspect_tool.read_checkpoint is headers.read_checkpoint
     assert preflight.read_checkpoint is headers.read_checkpoint
-    assert rules.tensor_file is headers.tensor_file
+    assert loader.tensor_file is headers.tensor_file
+    assert inspect_tool.layout_for is preflight.layout_for
+    assert preflight.LAYER_SPECS is layers.LAYER_SPECS
+    assert preflight.DSPARK_MARKERS is layers.DSPARK_MARKERS is v4.DSPARK_MARKERS
+    assert preflight.no_mtp_tensors is loader.no_mtp_tensors
+    assert preflight.dspark_drafter is loader.dspark_drafter is v4.dspark_drafter

@@ -16,7 +16,7 @@ import pytest
 import torch
 from v4_support.harness import engine_config, single_process_vllm
 
-from vllm_mtp_plugin.weights.rules import CheckpointError
+from vllm_mtp_plugin.weights.loader import CheckpointError
 
 L = 2  # the tiny target has 2 layers: the MTP layer is layer 2
 ATTN = f"model.layers.{L}.mtp_block.self_attn.mla_attn.mla_attn."

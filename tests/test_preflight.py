@@ -100,7 +100,8 @@ def garble_header(model: Path) -> None:
 # kind -> (base, derive kwargs, substrings the refusal must contain)
 V3_CASES = {
     "missing": ({"tensors": drop("model.layers.2.")},
-                ["has no tensors for MTP layer 0 (model.layers.2.*", "exported without its MTP"]),
+                ["model.safetensors has no tensors for MTP layer 0 (model.layers.2.*, deepseek_v3 "
+                 "(Hugging Face))", "exported without its MTP"]),
     "shifted_up": ({"tensors": rename("model.layers.2.", "model.layers.3.")},
                    ["config.json puts MTP layer 0 at model.layers.2.*", "are at model.layers.3.*",
                     "shifted"]),
@@ -130,9 +131,11 @@ V3_CASES = {
                        ["model.safetensors: the safetensors header is not valid"]),
 }
 V4_CASES = {
-    "v4_missing": ({"tensors": drop("mtp.")}, ["has no tensors for MTP layer 0 (mtp.0.*"]),
+    "v4_missing": ({"tensors": drop("mtp.")},
+                   ["model.safetensors has no tensors for MTP layer 0 (mtp.0.*, deepseek_v4"]),
     "v4_dspark": ({"tensors": drop("mtp.0.enorm.", "mtp.0.hnorm.")},
-                  ["mtp.0.* has", "no enorm/hnorm: it is a DSpark drafter", '"method": "dspark"']),
+                  ["mtp.0.* has", "no enorm/hnorm, so it is not a DeepSeek MTP layer; it looks "
+                   "like a DSpark drafter", '"method": "dspark"']),
     "v4_partial": ({"tensors": drop("mtp.0.hc_head_fn", "mtp.0.e_proj.")},
                    ["MTP layer 0 (mtp.0.*) is incomplete: 2 tensor(s) missing: mtp.0.e_proj.weight, "
                     "mtp.0.hc_head_fn"]),
@@ -219,3 +222,48 @@ def test_the_real_deepseek_name_lists_pass():
         "DeepSeek-V4-Flash: MTP layer 0 (mtp.0.*) is incomplete: 1 tensor(s) missing: "
         "mtp.0.ffn.experts.17.w2.weight. Re-export the checkpoint with every tensor of its MTP "
         "layers, or serve without --speculative-config."]
+
+
+# ------------------------------------------- start-up in each worker: the shard index, not headers
+
+
+def drafter_config(model_dir: Path):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(quant_config=None, speculative_config=SimpleNamespace(
+        draft_model_config=SimpleNamespace(model=str(model_dir))))
+
+
+@pytest.mark.parametrize("with_rot", [False, True])
+def test_rotation_lookup_reads_the_index_and_opens_no_shard(checkpoints, tmp_path, monkeypatch,
+                                                           with_rot):
+    """``uses_rotation`` runs in every worker (163 shards x 8 ranks for DeepSeek-V3): a sharded
+    checkpoint is answered by its index alone; its shards here are dangling links, which any
+    header read would fail on. A single-file checkpoint has its one header read."""
+    from vllm_mtp_plugin.models import v3
+    from vllm_mtp_plugin.weights import headers
+
+    names = read_raw(checkpoints("oracle") / "model.safetensors")
+    single = tmp_path / "single"
+    single.mkdir()
+    write_raw(single / "model.safetensors", {**names, **({"rot.weight": names[
+        "model.layers.2.enorm.weight"]} if with_rot else {})})
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    weight_map = {name: f"model-0000{1 + i % 3}-of-00003.safetensors"
+                  for i, name in enumerate([*names, *(["rot.weight"] if with_rot else [])])}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    for shard in set(weight_map.values()):
+        (sharded / shard).symlink_to(tmp_path / "absent" / shard)
+    reads = []
+    real_read_header = headers.read_header
+    monkeypatch.setattr(headers, "read_header", lambda path: reads.append(Path(path).name)
+                        or real_read_header(path))
+    assert v3.uses_rotation(drafter_config(sharded)) is with_rot
+    assert reads == []
+    assert v3.uses_rotation(drafter_config(single)) is with_rot
+    assert reads == ["model.safetensors"]
+    # The loader's messages name a tensor's file the same way: from the index.
+    assert headers.tensor_file(str(sharded), "model.layers.2.enorm.weight") == str(
+        sharded / weight_map["model.layers.2.enorm.weight"])
+    assert reads == ["model.safetensors"]

@@ -173,7 +173,7 @@ def reload(drafter, tensors, names, weight_map=None):
     """Load ``names`` again (a partial load, as vLLM's weight sync does) through ``weight_map``."""
     from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
 
-    from vllm_mtp_plugin.weights.rules import load_mtp_weights
+    from vllm_mtp_plugin.weights.loader import load_mtp_weights
 
     layer = drafter.model.layer_for_step(0)
     with disable_mtp_completeness_check():

@@ -17,7 +17,7 @@ from v4_support.harness import (
     tiny_v4_checkpoint,
 )
 
-from vllm_mtp_plugin.weights.rules import CheckpointError
+from vllm_mtp_plugin.weights.loader import CheckpointError
 
 L = 2  # the tiny target has 2 layers: mtp.0 is layer 2
 
@@ -119,7 +119,7 @@ def test_checkpoint_without_mtp_tensors_says_so(drafter, fp8_dir):
     with pytest.raises(CheckpointError) as err:
         drafter.load_weights(target_only.items())
     message = str(err.value)
-    assert f"has no tensors for MTP layer {L} (deepseek_v4 (DeepSeek naming) layout)" in message
+    assert "has no tensors for MTP layer 0 (mtp.0.*, deepseek_v4 (DeepSeek naming))" in message
     assert "quantized or exported without its MTP layers" in message
 
 

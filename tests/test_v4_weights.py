@@ -197,7 +197,7 @@ def test_attn_sink_is_narrowed_once_when_the_parameter_loader_narrows(monkeypatc
     import vllm.distributed as dist
 
     from vllm_mtp_plugin.platform import narrows_per_rank
-    from vllm_mtp_plugin.weights.rules import load_mtp_weights
+    from vllm_mtp_plugin.weights.loader import load_mtp_weights
 
     monkeypatch.setattr(dist, "get_tensor_model_parallel_world_size", lambda: 4)
     monkeypatch.setattr(dist, "get_tensor_model_parallel_rank", lambda: rank)
@@ -240,3 +240,36 @@ def test_dspark_hint_names_the_dspark_method_and_stays_quiet_for_mtp_layers():
     bare = hint(L, _Report(set(), [], 3))
     assert "it looks like a DSpark drafter" in bare
     assert hint(L, _Report({f"model.layers.{L}.enorm.weight"}, [], 50)) is None
+
+
+def test_the_v4_description_is_the_real_layer():
+    """``weights.layers.V4_LAYER`` under V4-Flash's config.json requires exactly the real
+    ``mtp.0.*`` tensors less their ``.scale`` tensors and the optional router bias."""
+    from vllm_mtp_plugin.weights.layers import V4_LAYER
+
+    layout = V4_LAYER.layout(CONFIG)
+    real = [n for n, _, _ in real_v4_names() if n.startswith("mtp.0.")]
+    assert len(real) == 1575
+    assert {n for n, _ in layout.required(0)} == {
+        n for n in real if not n.endswith(".scale")} - {"mtp.0.ffn.gate.bias"}
+    entries = {n: layout.entry_of(0, n) for n in real}
+    assert [n for n, e in entries.items() if e is None] == []
+    assert sorted(n for n, e in entries.items() if e[2]) == sorted(
+        n for n in real if n.endswith(".scale"))
+
+
+def test_the_v4_rules_place_what_the_description_says():
+    from vllm_mtp_plugin.weights.layers import V4_LAYER
+
+    weight_map = flash_map()
+    for t in V4_LAYER.tensors:
+        name = "mtp.0." + t.name.format(e=0)
+        target = weight_map.resolve(name, lambda _: True)
+        if t.shared:
+            assert target is None, name
+        elif t.name == "norm.weight":
+            assert target.param == f"model.layers.{L}.shared_head.norm.weight"
+        elif t.own:
+            assert target.param == f"model.layers.{L}.{t.name}", name
+        else:
+            assert target.param.startswith(f"{BLOCK}."), name

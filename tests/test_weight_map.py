@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_mtp_plugin.weights.rules import CheckpointError, load_mtp_weights
+from vllm_mtp_plugin.weights.loader import CheckpointError, load_mtp_weights
 from vllm_mtp_plugin.weights.v3 import v3_weight_map
 
 DATA = Path(__file__).parent / "data"
@@ -181,8 +181,10 @@ def test_loader_reports_a_wrong_shape():
 
 def test_loader_reports_a_checkpoint_without_mtp_layer():
     weights = {k: v for k, v in small_checkpoint().items() if not k.startswith("model.layers.4.")}
-    with pytest.raises(CheckpointError, match="has no tensors for MTP layer 4 .* quantized or exported "
-                                              "without its MTP layers"):
+    with pytest.raises(CheckpointError, match=r"/ckpt has no tensors for MTP layer 0 "
+                                              r"\(model\.layers\.4\.\*, deepseek_v3 \(Hugging "
+                                              r"Face\)\).* quantized or exported without its MTP "
+                                              "layers"):
         load(weights, small_params())
 
 
@@ -306,3 +308,39 @@ def test_vllm_ascend_cache_scales_land_where_its_quantization_config_puts_them()
               attn + "fa_q.offset": RecordingParam(1)}
     assert load(weights, params) == set(params)
     assert len(params[attn + "fa_k.scale"].calls) == len(params[attn + "fa_q.offset"].calls) == 1
+
+
+# ------------------------------------------------------- the layer description the rules come from
+
+
+def test_the_v3_description_is_the_real_layer():
+    """``weights.layers.V3_LAYER`` under DeepSeek-V3's config.json requires exactly the real
+    layer's tensors less its FP8 scales, the copies of the target's and the optional router bias."""
+    import json
+
+    from vllm_mtp_plugin.weights.layers import V3_LAYER
+
+    layout = V3_LAYER.layout(json.loads((DATA / "deepseek_v3_config.json").read_text()))
+    real = [n for n, _ in real_v3_names()]
+    optional = {"model.layers.61.embed_tokens.weight", "model.layers.61.shared_head.head.weight",
+                "model.layers.61.mlp.gate.e_score_correction_bias"}
+    assert {n for n, _ in layout.required(0)} == {
+        n for n in real if not n.endswith("_scale_inv")} - optional
+    entries = {n: layout.entry_of(0, n) for n in real}
+    assert [n for n, e in entries.items() if e is None] == []
+    assert sorted(n for n, e in entries.items() if e[2]) == sorted(
+        n for n in real if n.endswith("_scale_inv"))
+
+
+def test_the_v3_rules_place_what_the_description_says(weight_map):
+    from vllm_mtp_plugin.weights.layers import V3_LAYER
+
+    for t in V3_LAYER.tensors:
+        name = "model.layers.61." + t.name.format(e=0)
+        target = weight_map.resolve(name, fused)
+        if t.shared:
+            assert target is None, name
+        elif t.own:
+            assert target.param == name, name
+        else:
+            assert target.param.startswith("model.layers.61.mtp_block."), name

@@ -34,7 +34,8 @@ from vllm.model_executor.models.utils import maybe_prefix
 from vllm.sequence import IntermediateTensors
 
 from .. import recording
-from ..weights.rules import WeightMap, load_mtp_weights
+from ..weights.loader import load_mtp_weights
+from ..weights.rules import WeightMap
 
 logger = init_logger("vllm.vllm_mtp_plugin")
 

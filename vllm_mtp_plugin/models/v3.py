@@ -35,8 +35,9 @@ from vllm.model_executor.models.utils import maybe_prefix
 from vllm.sequence import IntermediateTensors
 
 from ..platform import fused_moe_expert_params, host_compares_head_copies
-from ..weights.headers import read_checkpoint
-from ..weights.rules import CheckpointError, WeightMap
+from ..weights.headers import file_holding
+from ..weights.loader import CheckpointError
+from ..weights.rules import WeightMap
 from ..weights.v3 import v3_weight_map
 from .predictor import DeepSeekMultiTokenPredictor, SharedHeadNorm, draft_hf_config
 
@@ -54,14 +55,17 @@ ROTATION_WEIGHT = "rot.weight"
 
 def uses_rotation(vllm_config: VllmConfig) -> bool:
     """A rotation-quantised checkpoint: modelslim's ``is_rot_used`` (vllm-ascend's own test,
-    ``vllm_ascend/utils.py: is_rot_weight_used``), or a top-level ``rot.weight`` in the files."""
+    ``vllm_ascend/utils.py: is_rot_weight_used``), or a top-level ``rot.weight`` in the files.
+
+    Runs in every worker at construction: the shard index answers without opening a shard; only a
+    checkpoint without an index (a single file) has its header read."""
     description = getattr(vllm_config.quant_config, "quant_description", None) or {}
     if isinstance(description, dict) and description.get("is_rot_used"):
         return True
     model_dir = getattr(vllm_config.speculative_config.draft_model_config, "model", None)
     if not model_dir or not Path(model_dir).is_dir():
         return False  # a hub id: only the quantization config can say (load_weights explains)
-    return ROTATION_WEIGHT in read_checkpoint(Path(model_dir))[0]
+    return file_holding(model_dir, ROTATION_WEIGHT) is not None
 
 
 @support_torch_compile

@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 
 from ..weights.headers import read_checkpoint
-from ..weights.preflight import LAYOUTS, mtp_problems
+from ..weights.layers import LAYER_SPECS
+from ..weights.preflight import mtp_problems
 from .checkpoint_files import CheckpointWriteError, assemble
 # Config fields that decide the MTP layer's tensor shapes, its position and its router: SOURCE and
 # TARGET must agree on all of them (absent on both sides counts as agreeing).
@@ -47,7 +48,7 @@ def read_config(model_dir: Path, role: str) -> dict:
         config = json.loads(path.read_text())
     except ValueError as exc:
         raise GraftError(f"{path}: not valid JSON ({exc}).") from exc
-    if config.get("model_type") not in LAYOUTS or config.get("model_type") == "deepseek_v4":
+    if config.get("model_type") not in LAYER_SPECS or config.get("model_type") == "deepseek_v4":
         raise GraftError(
             f"{path}: model_type {config.get('model_type')!r} is not a DeepSeek-V3-layout model "
             "(deepseek_v3, deepseek_v32); graft copies model.layers.{num_hidden_layers + j}.* "
@@ -73,7 +74,7 @@ def incompatibilities(source: dict, target: dict) -> list[str]:
 
 def mtp_tensors(model_dir: Path, config: dict) -> dict[str, dict]:
     """``name -> header entry`` of the MTP-layer tensors a checkpoint holds."""
-    layout = LAYOUTS[config["model_type"]](config)
+    layout = LAYER_SPECS[config["model_type"]].layout(config)
     tensors, problems = read_checkpoint(model_dir)
     if problems:
         raise GraftError("\n".join(problems))
@@ -106,7 +107,7 @@ def plan(source_dir: Path, target_dir: Path) -> tuple[dict, dict, dict[str, dict
             f"TARGET {target_dir} already has MTP-layer tensors ({len(present)}, e.g. {first} in "
             f"{present[first]['file']}); graft only into a checkpoint without them.")
     wanted = mtp_tensors(source_dir, source)
-    layout = LAYOUTS[source["model_type"]](source)
+    layout = LAYER_SPECS[source["model_type"]].layout(source)
     wanted = {n: i for n, i in wanted.items() if layout.layer_of(n) < layers}
     return source, target, wanted
 

@@ -3,7 +3,9 @@
 Before a multi-hundred-gigabyte load, a user wants to know: does this checkpoint still have its MTP
 layers (quantizers drop them), in which format, in which dtypes, and which tensors the drafter will
 take from the target instead. This reads ``config.json`` and the safetensors headers (no tensor
-data) and applies the same weight map the loader uses.
+data), sorts each MTP-layer tensor by the description the loader's tables are built from
+(``weights/layers.py``: DeepSeek-V3, V3.2, V4) and reports the start-up check's problems, word for
+word what ``vllm serve`` would refuse the checkpoint with.
 """
 
 from __future__ import annotations
@@ -14,67 +16,80 @@ from collections import Counter
 from pathlib import Path
 
 from ..weights.headers import read_checkpoint
-from ..weights.rules import WeightMap
-from ..weights.v3 import V3_OWN_TENSORS, v3_weight_map
+from ..weights.layers import LAYER_SPECS, Layout
+from ..weights.preflight import layout_for, tensor_problems
 
-# Tensors each variant needs besides its decoder block, as checkpoint names of MTP layer {layer}.
-REQUIRED_OWN = {"deepseek_v3": tuple(f"model.layers.{{layer}}.{t}.weight" for t in V3_OWN_TENSORS)}
+BYTES_PER_ELEMENT = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2,
+                     "F16": 2, "I16": 2, "U16": 2}
 
 
-def weight_map_for(config: dict) -> WeightMap:
-    from ..platform import fused_moe_expert_params
-
-    model_type = config.get("model_type")
-    if model_type == "deepseek_v3":
-        return v3_weight_map(fused_moe_expert_params())
-    raise SystemExit(f"model_type {model_type!r}: vllm-mtp inspect knows deepseek_v3 checkpoints")
+def checkpoint_layout(model_dir: Path, config: dict) -> Layout:
+    layout = layout_for(config)
+    if layout is None:
+        raise SystemExit(f"{model_dir / 'config.json'}: model_type {config.get('model_type')!r}; "
+                         f"vllm-mtp inspect knows {', '.join(LAYER_SPECS)} checkpoints")
+    return layout
 
 
 def inspect(model_dir: str | Path) -> dict:
-    """The report as a dict (also what ``--json`` prints)."""
+    """The report as a dict (also what ``--json`` prints); layers keyed by absolute index."""
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
-    weight_map = weight_map_for(config)
+    layout = checkpoint_layout(model_dir, config)
     first = config["num_hidden_layers"]
     declared = int(config.get("num_nextn_predict_layers") or 0)
     tensors, file_problems = read_checkpoint(model_dir)
-    layers = {}
-    for layer in range(first, first + max(declared, 1)):
-        names = [n for n in tensors if weight_map.mtp_layer(n) == layer]
-        targets = {n: weight_map.resolve(n, lambda p: "fused_qkv_a_proj" in p) for n in names}
-        required = [t.format(layer=layer) for t in REQUIRED_OWN.get(config["model_type"], ())]
-        missing = [t for t in required if t not in tensors] if names else []
-        shared = [n for n, t in targets.items() if t is None]
-        layers[layer] = {
-            "tensors": len(names),
-            "bytes": sum(_nbytes(tensors[n]) for n in names),
-            "dtypes": dict(Counter(tensors[n]["dtype"] for n in names)),
-            "experts": len({t.expert_id for t in targets.values() if t and t.expert_id is not None}),
-            "shared_with_target": shared,
-            "shared_bytes": sum(_nbytes(tensors[n]) for n in shared),
-            "missing": missing,
-        }
-    problems = list(file_problems)
+    layers = {first + j: describe_layer(layout, j, tensors) for j in range(max(declared, 1))}
+    problems = file_problems + tensor_problems(tensors, config, model_dir,
+                                               files_broken=bool(file_problems))
     if declared == 0:
-        problems.append("config.json declares no MTP layer (num_nextn_predict_layers is 0 or "
-                        "missing)")
-    for layer, info in layers.items():
-        if declared and info["tensors"] == 0:
-            problems.append(f"MTP layer {layer} has no tensors: the checkpoint may have been "
-                            "quantized or exported without its MTP layers")
-        elif info["missing"]:
-            problems.append(f"MTP layer {layer} lacks {', '.join(info['missing'])}")
-    return {"model": str(model_dir), "format": weight_map.name, "model_type": config["model_type"],
+        problems.append(f"{model_dir / 'config.json'} declares no MTP layer "
+                        "(num_nextn_predict_layers is 0 or missing)")
+    return {"model": str(model_dir), "format": layout.name, "model_type": config["model_type"],
             "num_hidden_layers": first, "num_nextn_predict_layers": declared,
             "layers": layers, "problems": problems}
 
 
+def describe_layer(layout: Layout, j: int, tensors: dict[str, dict]) -> dict:
+    """MTP layer ``j``'s tensors sorted by the description: own, block, routed experts, copies of
+    the target's (not loaded), optional ones present, linears stored quantized, and unknown ones."""
+    names = sorted(n for n in tensors if layout.layer_of(n) == j)
+    kinds, experts, quantized, optional, unknown = Counter(), set(), set(), [], []
+    for name in names:
+        entry = layout.entry_of(j, name)
+        if entry is None:
+            unknown.append(name)
+            continue
+        spec, expert, is_quantized = entry
+        kinds["shared" if spec.shared else "own" if spec.own
+              else "expert" if spec.per_expert else "block"] += 1
+        if expert is not None:
+            experts.add(expert)
+        if is_quantized:
+            quantized.add(spec.name.format(e=expert))
+        if spec.optional and not spec.shared:
+            optional.append(name)
+    shared = [n for n in names if (e := layout.entry_of(j, n)) is not None and e[0].shared]
+    return {
+        "prefix": layout.prefix(j),
+        "tensors": len(names),
+        "bytes": sum(_nbytes(tensors[n]) for n in names),
+        "dtypes": dict(Counter(tensors[n]["dtype"] for n in names)),
+        "kinds": dict(kinds),
+        "experts": len(experts),
+        "quantized": len(quantized),
+        "optional": optional,
+        "unknown": unknown,
+        "shared_with_target": shared,
+        "shared_bytes": sum(_nbytes(tensors[n]) for n in shared),
+    }
+
+
 def _nbytes(info: dict) -> int:
-    size = {"F64": 8, "F32": 4, "I32": 4, "BF16": 2, "F16": 2, "I16": 2}.get(info["dtype"], 1)
     count = 1
     for d in info["shape"]:
         count *= d
-    return count * size
+    return count * BYTES_PER_ELEMENT.get(info["dtype"], 1)
 
 
 def format_report(report: dict) -> str:
@@ -82,12 +97,19 @@ def format_report(report: dict) -> str:
              f"num_nextn_predict_layers={report['num_nextn_predict_layers']}"]
     for layer, info in report["layers"].items():
         dtypes = ", ".join(f"{k}×{v}" for k, v in sorted(info["dtypes"].items()))
-        lines.append(f"  MTP layer {layer}: {info['tensors']} tensors, {info['bytes'] / 2**20:.1f} MiB"
-                     f" ({dtypes}), {info['experts']} routed experts")
+        kinds = ", ".join(f"{v} {k}" for k, v in sorted(info["kinds"].items()))
+        lines.append(f"  MTP layer {layer} ({info['prefix']}*): {info['tensors']} tensors, "
+                     f"{info['bytes'] / 2**20:.1f} MiB ({dtypes}), {info['experts']} routed "
+                     f"experts, {info['quantized']} linears quantized; {kinds or 'none'}")
         if info["shared_with_target"]:
             lines.append(f"    taken from the target instead (not loaded, "
                          f"{info['shared_bytes'] / 2**20:.1f} MiB saved): "
                          + ", ".join(info["shared_with_target"]))
+        if info["unknown"]:
+            lines.append("    not in the layer's description (the loader names any it cannot "
+                         "place): " + ", ".join(info["unknown"][:8])
+                         + (f" and {len(info['unknown']) - 8} more" if len(info["unknown"]) > 8
+                            else ""))
     lines += [f"  PROBLEM: {p}" for p in report["problems"]] or ["  OK: usable as an MTP drafter"]
     return "\n".join(lines)
 

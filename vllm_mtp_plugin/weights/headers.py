@@ -1,7 +1,9 @@
 """What a checkpoint directory holds, from its safetensors headers only (no tensor data is read).
 
 One reader (``read_checkpoint``) for the loader's error messages, ``vllm-mtp inspect`` and the
-start-up check (``preflight``), so that all three see a checkpoint the same way.
+start-up check (``preflight``), so that all three see a checkpoint the same way. Looking up one
+tensor (``file_holding``) asks the shard index first: DeepSeek-V3 has 163 shards, often on network
+storage, and every worker of every rank may ask; a header is read only where no index answers.
 """
 
 from __future__ import annotations
@@ -66,14 +68,48 @@ def read_checkpoint(model_dir: Path) -> tuple[dict[str, dict], list[str]]:
     return tensors, problems
 
 
+def shard_index(model_dir: Path) -> dict[str, str] | None:
+    """The index's ``weight_map`` (tensor name -> shard file), ``None`` without a readable one."""
+    index = model_dir / "model.safetensors.index.json"
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return weight_map if isinstance(weight_map, dict) else None
+
+
+def file_holding(model_dir: str | Path, name: str) -> str | None:
+    """The file of ``model_dir`` that holds tensor ``name``, ``None`` if none does.
+
+    The shard index answers when there is one (no header is opened); otherwise (a single-file
+    checkpoint) the headers are read, one file at a time, until one holds ``name``.
+    """
+    model_dir = Path(model_dir)
+    weight_map = shard_index(model_dir)
+    if weight_map is not None:
+        return weight_map.get(name)
+    for path in sorted(model_dir.glob("*.safetensors")):
+        try:
+            if name in read_header(path):
+                return path.name
+        except UnreadableHeader:
+            continue
+    return None
+
+
+def checkpoint_files(model_dir: str | Path | None) -> str:
+    """What to name when a tensor is absent from the whole checkpoint: its shard index, its single
+    safetensors file, or the directory."""
+    if not model_dir or not Path(model_dir).is_dir():
+        return str(model_dir or "the checkpoint")
+    index = Path(model_dir) / "model.safetensors.index.json"
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    return str(index if index.exists() else files[0] if len(files) == 1 else model_dir)
+
+
 def tensor_file(model_dir: str | None, name: str) -> str:
     """Which file of ``model_dir`` holds ``name`` (for error messages)."""
     if not model_dir or not Path(model_dir).is_dir():
         return str(model_dir or "the checkpoint")
-    index = Path(model_dir) / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        if name in weight_map:
-            return str(Path(model_dir) / weight_map[name])
-    info = read_checkpoint(Path(model_dir))[0].get(name)
-    return str(Path(model_dir) / info["file"]) if info else str(model_dir)
+    found = file_holding(model_dir, name)
+    return str(Path(model_dir) / found) if found else str(model_dir)

@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import regex as re
 
+from .layers import V3_LAYER
 from .rules import Rule, WeightMap, expert_rules
-
-# The MTP layer's own tensors besides its decoder block.
-V3_OWN_TENSORS = ("enorm", "hnorm", "eh_proj", "shared_head.norm")
-# Only in rotation-quantised checkpoints (a top-level ``rot.weight``, loaded into the first MTP
-# layer by ``models/v3.py``): mapped when present, never required.
-V3_OPTIONAL_OWN_TENSORS = ("rot",)
 
 
 def v3_weight_map(expert_params: dict[str, str], head_copies: bool = False) -> WeightMap:
     """``head_copies``: load each layer's ``shared_head.head`` (for hosts that compare it with the
     target's head before sharing, ``platform.host_compares_head_copies``); otherwise not read."""
-    own_tensors = (V3_OWN_TENSORS + V3_OPTIONAL_OWN_TENSORS
-                   + (("shared_head.head",) if head_copies else ()))
-    own = "|".join(re.escape(t) for t in own_tensors)
-    shared = "embed_tokens" if head_copies else "embed_tokens|shared_head\\.head"
+    copies = ("shared_head.head",) if head_copies else ()
+    own = "|".join(re.escape(t) for t in V3_LAYER.own_modules() + copies)
+    shared = "|".join(re.escape(t) for t in V3_LAYER.shared_modules() if t not in copies)
     return WeightMap(
-        name="deepseek_v3 (Hugging Face)",
+        name=V3_LAYER.naming,
         layer_index=r"model\.layers\.(?P<idx>\d+)\.",
         layer_offset=0,
         drop=(r"rotary_emb\.inv_freq$",),
@@ -33,7 +27,7 @@ def v3_weight_map(expert_params: dict[str, str], head_copies: bool = False) -> W
             Rule(r"^model\.layers\.(\d+)\.", r"model.layers.\1.mtp_block."),
         ),
         rules=(
-            *expert_rules("gate_proj", "up_proj", "down_proj", expert_params),
+            *expert_rules(*V3_LAYER.expert_projections, expert_params),
             # Stacked dense projections (shared experts and dense MLPs included).
             Rule(r"\.gate_proj\.", ".gate_up_proj.", 0),
             Rule(r"\.up_proj\.", ".gate_up_proj.", 1),

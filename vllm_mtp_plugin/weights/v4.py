@@ -19,17 +19,16 @@ the main layers, and FP8 scales are ``.scale``. The rules reproduce what vLLM's 
   the target, whose embedding and head the drafter shares: never loaded.
 
 A DSpark drafter stored under ``mtp.`` (DeepSeek-V4-Flash-0731) has blocks but no ``enorm``/``hnorm``;
-``dspark_hint`` turns the resulting incomplete load into "use the dspark method".
+``dspark_hint`` turns the resulting incomplete load into "use the dspark method". Which tensors an
+MTP layer has is ``layers.V4_LAYER``.
 """
 
+import regex as re
 import torch
 
+from .layers import DSPARK_MARKERS, V4_LAYER
+from .loader import dspark_drafter
 from .rules import Rule, WeightMap, expert_rules
-
-V4_OWN_TENSORS = ("enorm", "hnorm", "e_proj", "h_proj", "hc_head_fn", "hc_head_base",
-                  "hc_head_scale")
-# Tensors only a DSpark drafter has: recognised (and skipped) so that the load reaches the hint.
-DSPARK_MARKERS = ("main_proj", "main_norm", "markov_head", "confidence_head")
 
 
 def raw_bytes(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
@@ -71,13 +70,15 @@ def attn_sink_for_rank(num_heads: int):
 def v4_weight_map(expert_params: dict[str, str], expert_dtype: str, num_hidden_layers: int,
                   num_heads: int) -> WeightMap:
     """The ``mtp.{j}.*`` layout of DeepSeek-V4 checkpoints (V4-Flash, V4-Flash-Base)."""
-    own = "|".join(V4_OWN_TENSORS)
+    own = "|".join(re.escape(t) for t in V4_LAYER.own_modules())
+    shared = "|".join(re.escape(t) for t in V4_LAYER.shared_modules())
     expert_scale = ".weight_scale" if expert_dtype == "fp4" else ".weight_scale_inv"
     return WeightMap(
-        name="deepseek_v4 (DeepSeek naming)",
+        name=V4_LAYER.naming,
         layer_index=r"^mtp\.(?P<idx>\d+)\.",
         layer_offset=num_hidden_layers,
-        shared=(r"^mtp\.\d+\.(emb\.tok_emb|head)\.",),
+        shared=(rf"^mtp\.\d+\.({shared})\.",),
+        # DSpark-only tensors: skipped, so that the load reaches ``dspark_hint``.
         drop=tuple(rf"^mtp\.\d+\.{marker}\b" for marker in DSPARK_MARKERS),
         to_checkpoint=(
             (r"^model\.layers\.(\d+)\.",
@@ -86,9 +87,9 @@ def v4_weight_map(expert_params: dict[str, str], expert_dtype: str, num_hidden_l
             (r"\.shared_head\.norm\.", ".norm."),
             (r"\.weight_scale(_inv)?$", ".scale"),
         ),
-        prefix_rules=(
-            Rule(rf"^mtp\.\d+\.(?=({own})\b)", "model.layers.{layer}."),
+        prefix_rules=(  # the first match decides: ``norm`` is the layer's shared_head.norm
             Rule(r"^mtp\.\d+\.norm\.", "model.layers.{layer}.shared_head.norm."),
+            Rule(rf"^mtp\.\d+\.(?=({own})\b)", "model.layers.{layer}."),
             Rule(r"^mtp\.\d+\.", "model.layers.{layer}.mtp_block."),
         ),
         renames=(
@@ -99,7 +100,7 @@ def v4_weight_map(expert_params: dict[str, str], expert_dtype: str, num_hidden_l
             Rule(r"\.ffn\.gate\.bias$", ".ffn.gate.e_score_correction_bias"),
         ),
         rules=(
-            *expert_rules("w1", "w3", "w2", expert_params),
+            *expert_rules(*V4_LAYER.expert_projections, expert_params),
             Rule(r"\.w1\.", ".gate_up_proj.", 0),
             Rule(r"\.w3\.", ".gate_up_proj.", 1),
             Rule(r"\.attn\.wq_a\.", ".attn.fused_wqa_wkv.", 0),
@@ -115,15 +116,8 @@ def dspark_hint(num_hidden_layers: int):
     def hint(layer: int, report) -> str | None:
         if any(f"model.layers.{layer}.{norm}.weight" in report.loaded for norm in ("enorm", "hnorm")):
             return None
-        markers = sorted({m for name in report.shared_skipped for m in DSPARK_MARKERS
-                          if f".{m}" in name})
-        what = (f"and DSpark tensors ({', '.join(markers)}): it is a DSpark drafter"
-                if markers else "so it is not a DeepSeek MTP layer; it looks like a DSpark drafter")
-        return (
-            f"mtp.{layer - num_hidden_layers}.* has {report.tensors_per_layer.get(layer, 0)} "
-            f"tensors but no enorm/hnorm, {what} stored under 'mtp.' (as in "
-            "DeepSeek-V4-Flash-0731). Serve it with --speculative-config "
-            "'{\"method\": \"dspark\", ...}' instead of \"mtp\"."
-        )
+        markers = {m for name in report.shared_skipped for m in DSPARK_MARKERS if f".{m}" in name}
+        return dspark_drafter(f"mtp.{layer - num_hidden_layers}.",
+                              report.tensors_per_layer.get(layer, 0), markers)
 
     return hint
