@@ -1,36 +1,18 @@
 """The entry point: lazy, idempotent, logged once, and discoverable by vLLM."""
 
-import contextlib
 import inspect
-import logging
 import os
 import subprocess
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
+from support.logs import plugin_log
 
 import vllm_mtp_plugin
 
-
-@contextlib.contextmanager
-def plugin_warnings():
-    """WARNING messages of the plugin's logger (vLLM's ``vllm`` logger may not propagate to the
-    root logger that pytest's caplog listens on)."""
-    messages = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                messages.append(record.getMessage())
-
-    handler = Keep()
-    logger = logging.getLogger("vllm.vllm_mtp_plugin")
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
+TESTS = Path(__file__).parent
 
 
 def test_entry_point_is_declared():
@@ -48,16 +30,14 @@ def test_importing_the_package_imports_neither_torch_nor_vllm():
 
 
 def test_register_is_idempotent_lazy_and_logs_once():
-    code = """
+    code = f"""
 import logging, sys
-records = []
-class Keep(logging.Handler):
-    def emit(self, record): records.append(record.getMessage())
+sys.path.insert(0, {str(TESTS)!r})
+from support.logs import plugin_log
 import vllm_mtp_plugin
 from vllm import ModelRegistry
-plugin_logger = logging.getLogger("vllm.vllm_mtp_plugin")
-plugin_logger.addHandler(Keep()); plugin_logger.setLevel(logging.INFO)
-vllm_mtp_plugin.register(); vllm_mtp_plugin.register()
+with plugin_log(logging.INFO) as records:
+    vllm_mtp_plugin.register(); vllm_mtp_plugin.register()
 print(sum("vllm-mtp-plugin" in r for r in records))
 print("vllm_mtp_plugin.models" in sys.modules)
 print(ModelRegistry.models["DeepSeekMTPModel"].module_name)
@@ -158,7 +138,7 @@ def test_a_failing_patch_warns_and_leaves_vllm_as_it_was(monkeypatch):
         patches.Patch("broken_probe", broken, lambda: None),
         patches.Patch("broken_apply", lambda: None, broken),
     ))
-    with plugin_warnings() as warned:
+    with plugin_log() as warned:
         vllm_mtp_plugin.register()
         outcome = patches.apply_register_patches()
     assert outcome == {"broken_probe": "failed: RuntimeError: probe exploded",
@@ -207,7 +187,7 @@ def test_register_never_raises_into_vllm(monkeypatch):
         raise RuntimeError("registry exploded")
 
     monkeypatch.setattr(ModelRegistry, "register_model", broken)
-    with plugin_warnings() as warned:
+    with plugin_log() as warned:
         vllm_mtp_plugin.register()
     assert ("vllm-mtp-plugin 0.1.0 not registered (RuntimeError: registry exploded); vLLM's own "
             "MTP classes serve.") in warned

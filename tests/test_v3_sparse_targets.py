@@ -7,6 +7,7 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+from support.logs import plugin_log
 from transformers import PretrainedConfig
 
 import vllm.model_executor.models.deepseek_mtp as in_tree_module
@@ -30,15 +31,6 @@ def vllm_config(draft, target_type):
         model_config=SimpleNamespace(hf_config=SimpleNamespace(model_type=target_type)))
 
 
-class Recorder(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
 @pytest.fixture
 def in_tree(monkeypatch):
     """vLLM's class, replaced by a stand-in that records how it was built."""
@@ -56,16 +48,10 @@ def in_tree(monkeypatch):
 def test_sparse_attention_targets_get_vllms_class_with_one_log_line(in_tree, target_type):
     cls, built = in_tree
     config = vllm_config(draft_config(target_type, index_topk=2048), target_type)
-    recorder, level = Recorder(), v3.logger.level
-    v3.logger.addHandler(recorder)
-    v3.logger.setLevel(logging.INFO)
-    try:
+    with plugin_log(logging.INFO, v3.logger) as lines:
         drafter = DeepSeekMTP(vllm_config=config, prefix="draft")
-    finally:
-        v3.logger.removeHandler(recorder)
-        v3.logger.setLevel(level)
     assert type(drafter) is cls and built == [(config, "draft")]
-    (line,) = recorder.lines
+    (line,) = lines
     assert target_type in line and f"vLLM's own {cls.__module__}:InTree" in line
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 RIVAL = str(Path(__file__).parent / "rival")
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the shared test support
+from support.logs import PLUGIN_LOGGER, MessageHandler  # noqa: E402
 ARCHS = ("DeepSeekMTPModel", "DeepseekV32MTPModel", "DeepSeekV4MTPModel")
 
 
@@ -26,15 +28,8 @@ def registered(registry) -> dict[str, str]:
 
 def main(order: str, *switches: str) -> None:
     sys.path.insert(0, RIVAL) if order == "first" else sys.path.append(RIVAL)
-    warnings = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                warnings.append(record.getMessage())
-
-    keep = Keep()
-    logging.getLogger("vllm.vllm_mtp_plugin").addHandler(keep)
+    keep = MessageHandler(logging.WARNING)
+    logging.getLogger(PLUGIN_LOGGER).addHandler(keep)
     from importlib.metadata import entry_points
 
     from vllm import ModelRegistry
@@ -65,13 +60,13 @@ def main(order: str, *switches: str) -> None:
             report["engine"] = run_engine(switch.removeprefix("engine="))
             # vLLM configured its logging meanwhile (dictConfig drops the handlers of loggers
             # below the ones it names): listen again.
-            plugin_logger = logging.getLogger("vllm.vllm_mtp_plugin")
+            plugin_logger = logging.getLogger(PLUGIN_LOGGER)
             plugin_logger.disabled = False
             if keep not in plugin_logger.handlers:
                 plugin_logger.addHandler(keep)
             continue
         report[switch] = registered(ModelRegistry)
-    report["warnings"] = [w for w in warnings if "vllm-mtp-plugin" in w]
+    report["warnings"] = [w for w in keep.messages if "vllm-mtp-plugin" in w]
     print("REPORT " + json.dumps(report))
 
 
