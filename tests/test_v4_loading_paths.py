@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.tp_groups import tp_rank_functions
 from v4_support.harness import (
     build_drafter,
     checkpoint_tensors,
@@ -105,8 +106,7 @@ def test_sequence_parallel_rank_projects_only_its_token_shard(drafter, vllm_conf
 
     hooks = [proj.register_forward_pre_hook(count_rows(n))
              for n, proj in (("e_proj", layer.e_proj), ("h_proj", layer.h_proj))]
-    monkeypatch.setattr(sp, "get_tensor_model_parallel_world_size", lambda: 2)
-    monkeypatch.setattr(sp, "get_tensor_model_parallel_rank", lambda: 1)
+    tp_rank_functions(monkeypatch, sp, world_size=2, rank=1)
     monkeypatch.setattr(layer.mtp_block, "use_sequence_parallel", True, raising=False)
     try:
         with set_forward_context(None, vllm_config):

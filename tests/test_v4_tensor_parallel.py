@@ -11,9 +11,9 @@ experts' intermediate dimension split by ``FusedMoE``; ``fused_wqa_wkv`` is repl
 (``disable_tp=True``), as are the norms, the gate and the hyper-connection mixers.
 
 Both drafters are built in this process and loaded from the same bf16 tiny checkpoint, rank by rank,
-under a tensor-parallel group that reports 2 ranks and this rank (``fake_tp``, the group
-test_full_size_map.py builds TP = 8 with): the layers create, and the loaders narrow to, the shards
-of rank r of a real TP = 2 run; nothing is communicated while building or loading.
+under a tensor-parallel group that reports 2 ranks and this rank (``support.tp_groups.fake_tp``):
+the layers create, and the loaders narrow to, the shards of rank r of a real TP = 2 run; nothing
+is communicated while building or loading.
 
 vLLM's class is its CUDA one (its CPU one refuses MTP). It builds on CPU except for one probe: its
 FlashMLA attention asks the GPU's compute capability for the recipe of its FP8 output projection
@@ -25,7 +25,7 @@ must have stayed ``-inf``.
 
 import pytest
 import torch
-from test_full_size_map import fake_tp
+from support.tp_groups import fake_tp, tp_rank_functions
 from v4_support.harness import (
     build_drafter,
     checkpoint_tensors,
@@ -69,7 +69,7 @@ def load_ours(config, tensors, rank: int, sink_rank: int | None = None) -> dict[
     with fake_tp(TP, rank), pytest.MonkeyPatch.context() as patch:
         drafter = build_drafter(config)
         if sink_rank is not None:
-            patch.setattr(vllm.distributed, "get_tensor_model_parallel_rank", lambda: sink_rank)
+            tp_rank_functions(patch, vllm.distributed, TP, sink_rank)
         loaded = drafter.load_weights(tensors.items())
     params = dict(drafter.named_parameters())
     assert loaded == set(params)
