@@ -14,6 +14,7 @@ import dataclasses
 
 import pytest
 import torch
+from support.name_lists import tensor_names
 from v4_support.harness import engine_config, single_process_vllm
 
 from vllm_mtp_plugin.weights.loader import CheckpointError
@@ -166,8 +167,7 @@ def test_the_start_up_check_accepts_gptq_and_packed_exports_of_the_real_v3_layer
 
     config = {"model_type": "deepseek_v3", "num_hidden_layers": 61, "num_nextn_predict_layers": 1,
               "hidden_size": 7168, "n_routed_experts": 256, "q_lora_rank": 1536}
-    lines = (Path(__file__).parent / "data" / "deepseek_v3_mtp_layer61_names.txt").read_text()
-    real = [line.split("\t")[0] for line in lines.splitlines() if line and not line.startswith("#")]
+    real = tensor_names("deepseek_v3_mtp_layer61_names.txt")
     quantized = {}
     for i, name in enumerate(real):  # the block's linears in GPTQ or compressed-tensors form
         if name.endswith("_proj.weight") and ".eh_proj." not in name:
