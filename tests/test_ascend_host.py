@@ -6,12 +6,13 @@ vllm-ascend's proposer cannot be imported here (it needs torch_npu), so its atta
 reproduced line for line below, with the file and lines it comes from.
 """
 
-import shutil
 from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from support.checkpoint_edits import edited_copy
+from support.drafter import load_v3_drafter, v3_engine_config, v3_target_embedding_and_head
 from torch import nn
 
 VOCAB = 2048
@@ -21,29 +22,15 @@ VOCAB = 2048
 def rotated_checkpoint(checkpoints, tmp_path_factory):
     """The tiny oracle V3 checkpoint plus a top-level ``rot.weight`` [hidden, hidden], as
     modelslim's rotation-quantised exports store it."""
-    source = checkpoints("oracle")
-    out = tmp_path_factory.mktemp("rotated")
-    shutil.copytree(source, out, dirs_exist_ok=True)
-    tensors = load_file(str(out / "model.safetensors"))
-    hidden = tensors["model.embed_tokens.weight"].shape[1]
-    rot, _ = torch.linalg.qr(torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(3)))
-    tensors["rot.weight"] = rot.contiguous()
-    save_file(tensors, str(out / "model.safetensors"))
-    return out, tensors
+    def add_rotation(tensors):
+        hidden = tensors["model.embed_tokens.weight"].shape[1]
+        gen = torch.Generator().manual_seed(3)
+        rot, _ = torch.linalg.qr(torch.randn(hidden, hidden, generator=gen))
+        tensors["rot.weight"] = rot.contiguous()
 
-
-def v3_config(model_dir, pipeline_parallel_size: int = 1):
-    from vllm.engine.arg_utils import EngineArgs
-
-    from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype
-
-    backend, spec = engine_args_for_dtype("float32", {"method": "mtp", "num_speculative_tokens": 1})
-    config = EngineArgs(
-        model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=512,
-        distributed_executor_backend="uni", speculative_config=spec, **backend,
-    ).create_engine_config()
-    config.parallel_config.pipeline_parallel_size = pipeline_parallel_size
-    return config
+    out = edited_copy(checkpoints("oracle"), tmp_path_factory.mktemp("rotated"),
+                      tensors=add_rotation)
+    return out, load_file(str(out / "model.safetensors"))
 
 
 @pytest.fixture(scope="module")
@@ -51,38 +38,13 @@ def world(rotated_checkpoint):
     from v4_support.harness import single_process_vllm
 
     model_dir, tensors = rotated_checkpoint
-    with single_process_vllm(v3_config(model_dir)) as vllm_config:
+    with single_process_vllm(v3_engine_config(model_dir)) as vllm_config:
         yield vllm_config, tensors
-
-
-def build(vllm_config, tensors):
-    """Our drafter as vLLM's loader builds and loads it."""
-    from vllm.utils.torch_utils import set_default_torch_dtype
-
-    from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
-    from vllm_mtp_plugin.models.v3 import DeepSeekMTP
-
-    vllm_config.compilation_config.static_forward_context.clear()
-    with set_default_torch_dtype(torch.float32):
-        drafter = DeepSeekMTP(vllm_config=vllm_config, prefix="")
-    drafter.load_weights(iter(tensors.items()))
-    process_weights_after_loading(drafter, vllm_config.model_config, torch.device("cpu"))
-    return drafter
 
 
 def target_parts(tensors):
     """A target with the checkpoint's embedding and lm_head (vLLM's parallel layers)."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import (
-        ParallelLMHead,
-        VocabParallelEmbedding,
-    )
-
-    vocab, hidden = tensors["model.embed_tokens.weight"].shape
-    embed, head = VocabParallelEmbedding(vocab, hidden), ParallelLMHead(vocab, hidden)
-    embed.weight.data.copy_(tensors["model.embed_tokens.weight"])
-    head.weight.data.copy_(tensors["lm_head.weight"])
-    head.quant_method.process_weights_after_loading(head)  # as the target's loader did
+    embed, head = v3_target_embedding_and_head(tensors)
     target = nn.Module()
     target.model, target.lm_head = nn.Module(), head
     target.model.embed_tokens = embed
@@ -132,7 +94,7 @@ def check_attached(drafter, target, tensors, via_lm_head: bool):
 
 
 def test_no_vocab_sized_matrix_and_an_empty_head_slot(world):
-    drafter = build(*world)
+    drafter = load_v3_drafter(*world)
     assert drafter.has_own_lm_head is False and not hasattr(drafter, "has_own_embed_tokens")
     assert [n for n, p in drafter.named_parameters() if VOCAB in p.shape] == []
     slot = drafter.model.layers["2"].shared_head.head
@@ -145,7 +107,7 @@ def test_vllm_v1_proposer_attaches_head_and_embedding(world):
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
     vllm_config, tensors = world
-    drafter, target = build(vllm_config, tensors), target_parts(tensors)
+    drafter, target = load_v3_drafter(vllm_config, tensors), target_parts(tensors)
     proposer = SimpleNamespace(model=drafter, vllm_config=vllm_config,
                                use_local_argmax_reduction=False)
     SpecDecodeBaseProposer._maybe_share_embeddings(proposer, target)
@@ -157,7 +119,7 @@ def test_model_runner_v2_load_eagle_model_attaches_head_and_embedding(world, mon
     from vllm.v1.worker.gpu.spec_decode.eagle import utils
 
     vllm_config, tensors = world
-    drafter, target = build(vllm_config, tensors), target_parts(tensors)
+    drafter, target = load_v3_drafter(vllm_config, tensors), target_parts(tensors)
     monkeypatch.setattr(utils, "get_model", lambda **kwargs: drafter)  # vLLM built it: ours
     assert utils.load_eagle_model(target, vllm_config) is drafter
     check_attached(drafter, target, tensors, via_lm_head=True)
@@ -165,7 +127,7 @@ def test_model_runner_v2_load_eagle_model_attaches_head_and_embedding(world, mon
 
 def test_ascend_proposer_attaches_the_per_layer_head_only(world):
     vllm_config, tensors = world
-    drafter, target = build(vllm_config, tensors), target_parts(tensors)
+    drafter, target = load_v3_drafter(vllm_config, tensors), target_parts(tensors)
     ascend_share(SimpleNamespace(model=drafter), target, compare_first=False)
     check_attached(drafter, target, tensors, via_lm_head=False)
 
@@ -177,7 +139,7 @@ def test_ascend_proposer_that_compares_first_replaces_a_loaded_copy(world, monke
 
     vllm_config, tensors = world
     monkeypatch.setattr(v3, "host_compares_head_copies", lambda: True)  # vllm-ascend's platform
-    drafter, target = build(vllm_config, tensors), target_parts(tensors)
+    drafter, target = load_v3_drafter(vllm_config, tensors), target_parts(tensors)
     copy = drafter.model.layers["2"].shared_head.head
     assert [n for n, p in drafter.named_parameters() if VOCAB in p.shape] == [
         "model.layers.2.shared_head.head.weight"]
@@ -190,14 +152,14 @@ def test_ascend_proposer_that_compares_first_replaces_a_loaded_copy(world, monke
 
 def test_a_host_that_compares_an_empty_slot_gets_a_clear_error(world):
     vllm_config, tensors = world
-    drafter, target = build(vllm_config, tensors), target_parts(tensors)
+    drafter, target = load_v3_drafter(vllm_config, tensors), target_parts(tensors)
     with pytest.raises(AttributeError, match="set MTP_PLUGIN=off"):
         ascend_share(SimpleNamespace(model=drafter), target, compare_first=True)
 
 
 def test_only_shards_with_the_mtp_layers_or_rot_are_read(world):
     """``is_unused_checkpoint_weight`` lets vLLM's loader skip shards of target-only tensors."""
-    drafter = build(*world)
+    drafter = load_v3_drafter(*world)
     unused = drafter.is_unused_checkpoint_weight
     assert not unused("rot.weight") and not unused("model.layers.2.enorm.weight")
     assert not unused("model.layers.2.mlp.experts.3.up_proj.weight")
@@ -212,7 +174,7 @@ def test_rotation_weight_is_loaded_and_applied_at_every_step(world, monkeypatch)
     from vllm_mtp_plugin.models.predictor import DeepSeekMultiTokenPredictor
 
     vllm_config, tensors = world
-    drafter = build(vllm_config, tensors)
+    drafter = load_v3_drafter(vllm_config, tensors)
     assert drafter.rotation is drafter.model.layers["2"].rot  # loaded from the top-level name
     seen = []
     monkeypatch.setattr(DeepSeekMultiTokenPredictor, "forward",
@@ -248,4 +210,4 @@ def test_rotation_weight_the_drafter_was_not_built_for_is_named(world, monkeypat
 
     monkeypatch.setattr(v3, "uses_rotation", lambda vllm_config: False)
     with pytest.raises(CheckpointError, match=r"top-level 'rot.weight'.*\"is_rot_used\": true"):
-        build(*world)
+        load_v3_drafter(*world)

@@ -14,6 +14,7 @@ import dataclasses
 
 import pytest
 import torch
+from support.drafter import load_v3_drafter, v3_engine_config, v3_target_embedding_and_head
 from v4_support.harness import single_process_vllm
 
 from vllm_mtp_plugin.weights.rules import Rule
@@ -37,14 +38,7 @@ def noisy(checkpoints):
 
 @pytest.fixture(scope="module")
 def vllm_config(noisy):
-    from vllm.engine.arg_utils import EngineArgs
-
-    from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype
-
-    backend, spec = engine_args_for_dtype("float32", {"method": "mtp", "num_speculative_tokens": 1})
-    args = EngineArgs(model=str(noisy), dtype="float32", enforce_eager=True, max_model_len=512,
-                      distributed_executor_backend="uni", speculative_config=spec, **backend)
-    with single_process_vllm(args.create_engine_config()) as config:
+    with single_process_vllm(v3_engine_config(noisy)) as config:
         yield config
 
 
@@ -64,40 +58,21 @@ def inputs():
     return ids, positions, hidden
 
 
-def attach_target_parts(drafter, tensors):
-    """What vLLM's proposer does after loading: the target's embedding and head go in."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import (
-        ParallelLMHead,
-        VocabParallelEmbedding,
-    )
-
-    embed, head = VocabParallelEmbedding(2048, 256), ParallelLMHead(2048, 256)
-    embed.weight.data.copy_(tensors["model.embed_tokens.weight"])
-    head.weight.data.copy_(tensors["lm_head.weight"])
-    head.quant_method.process_weights_after_loading(head)  # the target's head was processed too
-    drafter.model.embed_tokens, drafter.lm_head = embed, head
-
-
 def run_drafter(vllm_config, tensors, inputs, model_cls, renames=None):
     """Build ``model_cls``, load the checkpoint (through a broken map when ``renames`` is given),
     run one draft step: (hidden for the head, hidden fed back, logits). The attention and MoE
     layers are registered by name in the config's forward context, so each model is built and run
     before the next one replaces them."""
     from vllm.forward_context import set_forward_context
-    from vllm.model_executor.model_loader.utils import process_weights_after_loading
-    from vllm.utils.torch_utils import set_default_torch_dtype
 
-    vllm_config.compilation_config.static_forward_context.clear()
-    with set_default_torch_dtype(torch.float32):
-        drafter = model_cls(vllm_config=vllm_config, prefix="")
-    if renames is not None:
+    def break_map(drafter):
         broken = dataclasses.replace(drafter.weight_map(), renames=renames)
         drafter.weight_map = lambda: broken
-    loaded = drafter.load_weights(tensors.items())
-    assert loaded == {n for n, _ in drafter.named_parameters()}
-    process_weights_after_loading(drafter, vllm_config.model_config, torch.device("cpu"))
+
+    drafter = load_v3_drafter(vllm_config, tensors, cls=model_cls,
+                              before_loading=break_map if renames is not None else None)
     if not hasattr(drafter.model, "embed_tokens"):  # ours: the target's parts, as vLLM attaches them
-        attach_target_parts(drafter, tensors)
+        drafter.model.embed_tokens, drafter.lm_head = v3_target_embedding_and_head(tensors)
     ids, positions, hidden = inputs
     with torch.no_grad(), set_forward_context(None, vllm_config):
         pre_norm, fed_back = drafter(ids, positions, hidden)
