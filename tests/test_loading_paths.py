@@ -14,6 +14,7 @@ import dataclasses
 
 import pytest
 import torch
+from support.drafter import build_v3_drafter
 from support.name_lists import tensor_names
 from v4_support.harness import engine_config, single_process_vllm
 
@@ -40,15 +41,9 @@ def build(vllm_config, in_tree=False, kv_cache_scales=False):
     ``ModelOptKVCacheMethod`` for ``MLAAttention``, whose ``create_weights`` adds them)."""
     from vllm.model_executor.layers.attention import MLAAttention
     from vllm.model_executor.layers.quantization.modelopt import ModelOptKVCacheMethod
-    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
 
-    if in_tree:
-        from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
-    else:
-        from vllm_mtp_plugin.models.v3 import DeepSeekMTP
-    vllm_config.compilation_config.static_forward_context.clear()
-    with set_default_torch_dtype(torch.bfloat16):
-        model = DeepSeekMTP(vllm_config=vllm_config, prefix="")
+    model = build_v3_drafter(vllm_config, torch.bfloat16, DeepSeekMTP if in_tree else None)
     if kv_cache_scales:
         for module in model.modules():
             if isinstance(module, MLAAttention):
