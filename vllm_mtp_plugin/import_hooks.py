@@ -1,0 +1,59 @@
+"""Act on a vLLM module right after vLLM imports it, without importing it ourselves.
+
+Some fixes (``patches.v4_cpu_tile_scheduler_keys``) change a module that costs seconds to import
+and that most processes never load. ``register()`` runs in every vLLM process, so instead of
+importing such a module it leaves a finder on ``sys.meta_path`` that runs the fix once the module's
+own code has run; a process that never imports it pays nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+logger = logging.getLogger("vllm.vllm_mtp_plugin")
+
+
+def after_import(module_name: str, action: Callable) -> None:
+    """Run ``action(module)`` now if ``module_name`` is imported, else right after its import.
+
+    Idempotent per module name (one finder at most). An ``action`` that raises during the import is
+    logged as a warning and the module stays as vLLM made it: the import itself never fails.
+    """
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    if module_name in sys.modules:
+        action(sys.modules[module_name])
+        return
+    if any(getattr(f, "module_name", None) == module_name for f in sys.meta_path):
+        return
+
+    class AfterImport(importlib.abc.MetaPathFinder):
+        """Finds nothing itself; wraps the real loader of one module to act after it ran."""
+
+        def __init__(self):
+            self.module_name = module_name
+
+        def find_spec(self, fullname, path, target=None):
+            if fullname != module_name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def run_then_act(module):
+                exec_module(module)
+                try:
+                    action(module)
+                except Exception as exc:  # noqa: BLE001 - vLLM's module stays as it is
+                    logger.warning("vllm-mtp-plugin: patch of %s left out (%s: %s)", module_name,
+                                   type(exc).__name__, exc)
+
+            spec.loader.exec_module = run_then_act
+            return spec
+
+    sys.meta_path.insert(0, AfterImport())
