@@ -142,7 +142,7 @@ def _preflight(hf_config) -> None:
     """The checkpoint's MTP part against its config.json, before any engine process starts
     (``weights/preflight.py``). A fault in the check itself is logged and never blocks vLLM."""
     from .weights.preflight import check_before_engine_start
-    from .weights.rules import CheckpointError
+    from .weights.loader import CheckpointError
 
     try:
         check_before_engine_start(hf_config)
