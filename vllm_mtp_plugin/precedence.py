@@ -37,6 +37,9 @@ claimed: dict[str, str] = {}
 others: dict[str, str] = {}
 _vllm_register_model = None
 _warned: set[str] = set()
+# Where vLLM runs the general plugins: the guard below acts while this function is on the stack.
+PLUGIN_LOADER = ("vllm.plugins", "load_general_plugins")
+_plugin_loader_code = None
 
 
 def mode() -> str:
@@ -146,10 +149,14 @@ def keep_claimed_architectures(registry) -> None:
     installs (``tests/test_precedence.py`` does it with a test-only rival plugin in both orders).
     What it does: while vLLM runs ``load_general_plugins``, a registration of a claimed name is
     recorded in ``others`` and dropped; every other call (other names, ``--model-class-overrides``,
-    user code) goes to vLLM unchanged. When it can go: when vLLM orders plugins or lets a model
-    plugin declare precedence.
+    user code) goes to vLLM unchanged. Where that function is not found (``_plugin_loader``), the
+    guard is not installed and says so once. When it can go: when vLLM orders plugins or lets a
+    model plugin declare precedence.
     """
-    global _vllm_register_model
+    global _vllm_register_model, _plugin_loader_code
+    _plugin_loader_code = _plugin_loader_code or _plugin_loader()
+    if _plugin_loader_code is None:
+        return
     if registry.register_model is not register_model:
         _vllm_register_model = registry.register_model
         registry.register_model = register_model
@@ -165,11 +172,37 @@ def register_model(model_arch, model_cls) -> None:
     _vllm_register_model(model_arch, model_cls)
 
 
+def _plugin_loader():
+    """The code object of vLLM's ``vllm.plugins.load_general_plugins``, or ``None`` (and one
+    warning) where vLLM has renamed or moved it: the guard could then never tell plugin loading
+    from any other registration."""
+    import importlib
+    import inspect
+
+    module_name, function_name = PLUGIN_LOADER
+    try:
+        function = getattr(importlib.import_module(module_name), function_name, None)
+        missing = None if function is not None else f"{module_name}.{function_name}"
+    except ImportError as exc:
+        function, missing = None, f"module {module_name} ({type(exc).__name__}: {exc})"
+    code = getattr(inspect.unwrap(function), "__code__", None) if function is not None else None
+    if code is None and missing is None:
+        missing = f"the code of {module_name}.{function_name} (it is {function!r})"
+    if missing and "plugin loader" not in _warned:
+        _warned.add("plugin loader")
+        logger.warning(
+            "vllm-mtp-plugin: vLLM's plugin loader %s not found; the guard that keeps this "
+            "plugin's MTP architectures when another general plugin registers the same names "
+            "later is not installed: whichever plugin vLLM loads last serves them (set %s=off to "
+            "leave them to the other plugin, or uninstall one of the two).", missing,
+            MODE_VARIABLE)
+    return code
+
+
 def _loading_general_plugins() -> bool:
     frame = sys._getframe(1)
     while frame is not None:
-        code = frame.f_code
-        if code.co_name == "load_general_plugins" and frame.f_globals.get("__name__") == "vllm.plugins":
+        if frame.f_code is _plugin_loader_code:
             return True
         frame = frame.f_back
     return False
