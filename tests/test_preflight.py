@@ -267,3 +267,44 @@ def test_rotation_lookup_reads_the_index_and_opens_no_shard(checkpoints, tmp_pat
     assert headers.tensor_file(str(sharded), "model.layers.2.enorm.weight") == str(
         sharded / weight_map["model.layers.2.enorm.weight"])
     assert reads == ["model.safetensors"]
+
+
+def test_start_up_check_opens_only_the_shards_holding_the_mtp_layer(checkpoints, tmp_path,
+                                                                    monkeypatch):
+    """The front-end's start-up check reads the shard index, then the headers of the shards that
+    hold MTP-layer tensors only: the target's shards here are dangling links, which a header read
+    would report as unreadable; the MTP layer's own problems are still found."""
+    from vllm_mtp_plugin.weights import headers, preflight
+
+    model = checkpoints("oracle")
+    config = json.loads((model / "config.json").read_text())
+    mtp_prefix = f"model.layers.{config['num_hidden_layers']}."
+    names = read_raw(model / "model.safetensors")
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    weight_map = {name: ("model-00003-of-00003.safetensors" if name.startswith(mtp_prefix)
+                         else f"model-0000{1 + i % 2}-of-00003.safetensors")
+                  for i, name in enumerate(names)}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (sharded / "config.json").write_text(json.dumps(config))
+    for shard in ("model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"):
+        (sharded / shard).symlink_to(tmp_path / "absent" / shard)
+    mtp = {name: entry for name, entry in names.items() if name.startswith(mtp_prefix)}
+    write_raw(sharded / "model-00003-of-00003.safetensors", mtp)
+    reads = []
+    real_read_header = headers.read_header
+    monkeypatch.setattr(headers, "read_header", lambda path: reads.append(Path(path).name)
+                        or real_read_header(path))
+    assert preflight.mtp_problems(sharded, config) == []
+    assert reads == ["model-00003-of-00003.safetensors"]
+    # The same layer with a tensor dropped is still refused, by name.
+    dropped = sorted(mtp)[0]
+    write_raw(sharded / "model-00003-of-00003.safetensors",
+              {name: entry for name, entry in mtp.items() if name != dropped})
+    problems = preflight.mtp_problems(sharded, config)
+    assert len(problems) == 1 and dropped in problems[0], problems
+    # Without the index's help every shard is opened: the dangling ones are reported by name.
+    problems = headers.read_checkpoint(sharded)[1]
+    assert [p.split(":")[0] for p in problems] == [
+        str(sharded / "model-00001-of-00003.safetensors"),
+        str(sharded / "model-00002-of-00003.safetensors")]

@@ -1,7 +1,8 @@
 """What a checkpoint directory holds, from its safetensors headers only (no tensor data is read).
 
 One reader (``read_checkpoint``) for the loader's error messages, ``vllm-mtp inspect`` and the
-start-up check (``preflight``), so that all three see a checkpoint the same way. Looking up one
+start-up check (``preflight``), so that all three see a checkpoint the same way. The start-up check
+opens only the shards its index names for MTP-layer tensors; looking up one
 tensor (``file_holding``) asks the shard index first: DeepSeek-V3 has 163 shards, often on network
 storage, and every worker of every rank may ask; a header is read only where no index answers.
 """
@@ -9,6 +10,7 @@ storage, and every worker of every rank may ask; a header is read only where no 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -19,7 +21,10 @@ class UnreadableHeader(ValueError):
 def read_header(path: str | Path) -> dict[str, dict]:
     """``name -> {"shape", "dtype"}`` of one safetensors file (8-byte length, then JSON)."""
     path = Path(path)
-    size = path.stat().st_size
+    try:
+        size = path.stat().st_size
+    except OSError as exc:  # e.g. a Hugging Face cache link whose blob was never downloaded
+        raise UnreadableHeader(f"{path}: cannot be read ({exc.strerror or exc}).") from exc
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
@@ -42,21 +47,31 @@ def read_header(path: str | Path) -> dict[str, dict]:
     return tensors
 
 
-def read_checkpoint(model_dir: Path) -> tuple[dict[str, dict], list[str]]:
+def read_checkpoint(model_dir: Path, wanted: Callable[[str], bool] | None = None,
+                    ) -> tuple[dict[str, dict], list[str]]:
     """Every tensor's header entry, and the problems of the files themselves (absent shards named
-    by the index, unreadable or truncated headers)."""
+    by the index, unreadable or truncated headers).
+
+    With ``wanted`` and a shard index, only the shards the index says hold a wanted tensor are
+    opened (the start-up check reads the MTP layer's shards of DeepSeek-V3's 163, not all of them);
+    the entries returned are then those shards' tensors.
+    """
     problems, tensors = [], {}
     index = model_dir / "model.safetensors.index.json"
     files = sorted(model_dir.glob("*.safetensors"))
     if index.exists():
         try:
-            named = set(json.loads(index.read_text())["weight_map"].values())
-        except (ValueError, KeyError, TypeError) as exc:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            named = set(weight_map.values())
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             problems.append(f"{index}: not a readable shard index ({exc}); re-download it.")
-            named = set()
+            weight_map, named = {}, set()
         for shard in sorted(named - {f.name for f in files}):
             problems.append(f"{index} names shard {shard}, which is not in {model_dir}: the "
                             "download is incomplete; fetch the missing shard(s) again.")
+        if wanted is not None and weight_map:
+            holding = {shard for name, shard in weight_map.items() if wanted(name)}
+            files = [path for path in files if path.name in holding]
     for path in files:
         try:
             header = read_header(path)

@@ -30,8 +30,23 @@ def layout_for(config: dict) -> Layout | None:
 def mtp_problems(model_dir: str | Path, config: dict) -> list[str]:
     """Everything about ``model_dir``'s MTP part that disagrees with ``config``; empty when fine."""
     model_dir = Path(model_dir)
-    tensors, problems = read_checkpoint(model_dir)
+    layout = layout_for(config)
+    tensors, problems = read_checkpoint(
+        model_dir, wanted=None if layout is None else _mtp_tensor_test(layout))
     return problems + tensor_problems(tensors, config, model_dir, files_broken=bool(problems))
+
+
+def _mtp_tensor_test(layout: Layout):
+    """Which names the start-up check needs headers for: every tensor at an index past the main
+    layers, and MTP-only names (``enorm``, ``eh_proj``, ...) at a main layer's index (an MTP layer
+    shifted down). Other shards stay unopened."""
+    own = set(layout.own())
+
+    def wanted(name: str) -> bool:
+        j = layout.layer_of(name)
+        return j is not None and (j >= 0 or name.removeprefix(layout.prefix(j)) in own)
+
+    return wanted
 
 
 def tensor_problems(tensors: dict[str, dict], config: dict, model_dir: Path,
