@@ -46,7 +46,7 @@ def unused_shard_skipping(src: SourceTree) -> Result:
 
 def ep_expert_map(src: SourceTree) -> Result:
     """``weights/experts.py`` asks the MoE layer bound to a parameter's ``weight_loader`` for
-    ``_map_global_expert_id_to_local_expert_id`` (absent: every expert is expected, no EP filter)."""
+    ``_map_global_expert_id_to_local_expert_id`` (absent: only the experts the weight stream brings are expected, with a warning)."""
     for module in ("vllm.model_executor.layers.fused_moe.runner.moe_runner",
                    "vllm.model_executor.layers.fused_moe.layer"):
         tree = src.tree(module)
