@@ -61,7 +61,6 @@ def test_shipped_files_match_their_record():
         names = set(f.keys())
         assert {f.get_tensor(n).dtype for n in names} <= {torch.bfloat16, torch.float32}
     assert sum(1 for n in names if n.startswith("model.layers.4.")) == 40  # MTP layer, no copies
-    assert (shipped / "model.safetensors").stat().st_size < 18_000_000
     for kind in ("prose", "code"):
         metrics = record["metrics"][kind]
         # A language model: far below a unigram model on held-out text, an MTP head that is
