@@ -10,24 +10,23 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from support.checkpoint_edits import edited_copy
 
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 
 
 @pytest.fixture(scope="module")
 def first_layer_only_oracle(checkpoints, tmp_path_factory):
-    import shutil
-
-    path = tmp_path_factory.mktemp("two-layers") / "ckpt"
-    shutil.copytree(checkpoints("oracle", num_nextn_predict_layers=2), path)
-    last = json.loads((path / "config.json").read_text())["num_hidden_layers"] + 1
-    tensors = load_file(str(path / "model.safetensors"))
+    source = checkpoints("oracle", num_nextn_predict_layers=2)
+    last = json.loads((source / "config.json").read_text())["num_hidden_layers"] + 1
     name = f"model.layers.{last}.eh_proj.weight"
-    random = torch.randn(tensors[name].shape, generator=torch.Generator().manual_seed(1))
-    tensors[name] = random.to(tensors[name].dtype)
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
+
+    def randomize_second_layer(tensors):
+        random = torch.randn(tensors[name].shape, generator=torch.Generator().manual_seed(1))
+        tensors[name] = random.to(tensors[name].dtype)
+
+    return edited_copy(source, tmp_path_factory.mktemp("two-layers") / "ckpt",
+                       tensors=randomize_second_layer)
 
 
 def per_position(model, impl: str, prompts) -> list[float]:

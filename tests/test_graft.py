@@ -3,12 +3,12 @@ checkpoint and serves exactly like the original; FP8 layers are copied as stored
 names the checkpoint and the reason."""
 
 import json
-import shutil
 
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from support.checkpoint_edits import edited_copy
 
 from vllm_mtp_plugin.tools.graft import GraftError, graft, main
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
@@ -53,26 +53,18 @@ def test_grafted_checkpoint_serves_like_the_original(pair, tmp_path, capsys):
     assert reference["spec_decode"]["num_accepted_tokens"] > 0
 
 
-def _edit_config(src, dst, **changes):
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    config.update(changes)
-    (dst / "config.json").write_text(json.dumps(config))
-    return dst
-
-
 def test_refusals_name_the_checkpoint_and_the_fix(pair, tmp_path):
     full, bare = pair
     cases = [
         ((bare, bare), "SOURCE .*declares no MTP layer"),
         ((full, full), r"TARGET .*already has MTP-layer tensors \(42, e.g. model.layers.4."),
-        ((full, _edit_config(bare, tmp_path / "wide", hidden_size=512, vocab_size=8192)),
+        ((full, edited_copy(bare, tmp_path / "wide", hidden_size=512, vocab_size=8192)),
          r"not the same architecture(.|\n)*- hidden_size: SOURCE 256, TARGET 512\n"
          r"- vocab_size: SOURCE 4096, TARGET 8192"),
-        ((full, _edit_config(bare, tmp_path / "fp8", quantization_config={
+        ((full, edited_copy(bare, tmp_path / "fp8", quantization_config={
             "quant_method": "fp8", "weight_block_size": [128, 128]})),
          "quantization_config: SOURCE none, TARGET"),
-        ((full, _edit_config(bare, tmp_path / "llama", model_type="llama")),
+        ((full, edited_copy(bare, tmp_path / "llama", model_type="llama")),
          "model_type 'llama' is not a DeepSeek-V3-layout model"),
         ((full, tmp_path / "nowhere"), "no config.json"),
     ]
@@ -89,7 +81,7 @@ def test_refusals_name_the_checkpoint_and_the_fix(pair, tmp_path):
 def test_a_dropped_layer_that_config_still_declares_is_grafted(pair, tmp_path):
     """A re-export that kept num_nextn_predict_layers = 1 but dropped the tensors."""
     full, bare = pair
-    declared = _edit_config(bare, tmp_path / "declared", num_nextn_predict_layers=1)
+    declared = edited_copy(bare, tmp_path / "declared", num_nextn_predict_layers=1)
     graft(full, declared, tmp_path / "out", copy=True)
     assert not (tmp_path / "out" / "model.safetensors").is_symlink()
     assert json.loads((tmp_path / "out" / "config.json").read_text())[
@@ -101,18 +93,19 @@ def test_fp8_layers_are_copied_as_stored(pair, tmp_path):
     full, bare = pair
     quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
              "weight_block_size": [128, 128]}
-    source = _edit_config(full, tmp_path / "src8", quantization_config=quant)
-    tensors = load_file(str(source / "model.safetensors"))
     fp8 = {}
-    for name, t in tensors.items():
-        if name.startswith("model.layers.4.") and (".mlp.experts." in name
-                                                    or name.endswith("o_proj.weight")):
-            fp8[name] = t.float().clamp(-448, 448).to(torch.float8_e4m3fn)
-            rows, cols = (-(-d // 128) for d in t.shape)
-            fp8[name.removesuffix("weight") + "weight_scale_inv"] = torch.rand(rows, cols)
-    tensors.update(fp8)
-    save_file(tensors, str(source / "model.safetensors"))
-    target = _edit_config(bare, tmp_path / "dst8", quantization_config=quant)
+
+    def quantize_layer(tensors):
+        for name, t in tensors.items():
+            if name.startswith("model.layers.4.") and (".mlp.experts." in name
+                                                        or name.endswith("o_proj.weight")):
+                fp8[name] = t.float().clamp(-448, 448).to(torch.float8_e4m3fn)
+                rows, cols = (-(-d // 128) for d in t.shape)
+                fp8[name.removesuffix("weight") + "weight_scale_inv"] = torch.rand(rows, cols)
+        tensors.update(fp8)
+
+    source = edited_copy(full, tmp_path / "src8", tensors=quantize_layer, quantization_config=quant)
+    target = edited_copy(bare, tmp_path / "dst8", quantization_config=quant)
     graft(source, target, tmp_path / "out")
     with safe_open(str(tmp_path / "out" / "mtp-00001-of-00001.safetensors"), "pt") as f:
         assert set(fp8) <= set(f.keys())

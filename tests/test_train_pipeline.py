@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from support.checkpoint_edits import edited_copy
 
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.train import cli
@@ -89,12 +90,11 @@ def test_refusals_name_the_input_and_the_fix(models, tmp_path, capsys):
 
 def test_a_mismatched_init_layer_is_refused_by_name(models, tmp_path):
     full, _ = models
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    tensors = load_file(str(full / "model.safetensors"))
-    tensors["model.layers.4.eh_proj.weight"] = tensors["model.layers.4.eh_proj.weight"][:, :256].clone()
-    save_file(tensors, str(broken / "model.safetensors"))
-    (broken / "config.json").write_text((full / "config.json").read_text())
+    def halve_eh_proj(tensors):
+        name = "model.layers.4.eh_proj.weight"
+        tensors[name] = tensors[name][:, :256].clone()
+
+    broken = edited_copy(full, tmp_path / "broken", tensors=halve_eh_proj)
     with pytest.raises(TrainInputError) as err:
         MtpTrainModel(TargetCheckpoint(broken), "checkpoint", 1, "chained")
     assert "eh_proj.weight: checkpoint (256, 256), layer (256, 512)" in str(err.value)
@@ -159,17 +159,14 @@ def test_fp8_target_round_trip(models, tmp_path, capsys):
     full, _ = models
     quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
              "weight_block_size": [128, 128]}
-    fp8_dir = tmp_path / "fp8"
-    fp8_dir.mkdir()
-    tensors = load_file(str(full / "model.safetensors"))
-    for name in list(tensors):
-        if name.startswith("model.layers.") and name.endswith("proj.weight") and \
-                "eh_proj" not in name and ".mlp.gate." not in name:
-            weight, scale = quantize_fp8_blocks(tensors[name].float(), (128, 128))
-            tensors[name], tensors[name + "_scale_inv"] = weight, scale
-    save_file(tensors, str(fp8_dir / "model.safetensors"))
-    config = {**json.loads((full / "config.json").read_text()), "quantization_config": quant}
-    (fp8_dir / "config.json").write_text(json.dumps(config))
+    def quantize(tensors):
+        for name in list(tensors):
+            if name.startswith("model.layers.") and name.endswith("proj.weight") and \
+                    "eh_proj" not in name and ".mlp.gate." not in name:
+                weight, scale = quantize_fp8_blocks(tensors[name].float(), (128, 128))
+                tensors[name], tensors[name + "_scale_inv"] = weight, scale
+
+    fp8_dir = edited_copy(full, tmp_path / "fp8", tensors=quantize, quantization_config=quant)
     target = TargetCheckpoint(fp8_dir)
     assert target.fp8_block == (128, 128)
     layer = to_checkpoint_tensors(MtpTrainModel(target, "checkpoint", 1, "chained")
