@@ -7,12 +7,18 @@ import json
 import os
 import subprocess
 import sys
+from importlib import resources
 
 from vllm_mtp_plugin.tools.bench.prompts import load_prompts
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.tools.tiny import trained
+from vllm_mtp_plugin.tools.train.cli import DEFAULT_PROMPTS
+from vllm_mtp_plugin.tools.train.data import load_training_prompts
 
 HELD_OUT = load_prompts(trained.shipped_dir().parent / "trained_prompts.jsonl")
+# The prompts `vllm-mtp train` collects from without --prompts (their count: test_shipped_data.py).
+TRAIN_PROMPTS = load_training_prompts(str(resources.files("vllm_mtp_plugin.tools") / DEFAULT_PROMPTS))
+SAMPLES_PER_PROMPT = 2
 
 
 def acceptance(model, k=1):
@@ -28,7 +34,7 @@ def test_train_a_layer_for_a_target_without_one_and_serve_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     done = subprocess.run(
         [sys.executable, "-m", "vllm_mtp_plugin.tools.cli", "train", str(bare), "--out", str(out),
-         "--steps", "300", "--batch-size", "16", "--samples-per-prompt", "2",
+         "--steps", "300", "--batch-size", "16", "--samples-per-prompt", str(SAMPLES_PER_PROMPT),
          "--max-new-tokens", "64", "--quiet"],
         env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -37,7 +43,8 @@ def test_train_a_layer_for_a_target_without_one_and_serve_it(tmp_path):
     assert (out / "training" / "loss.png").stat().st_size > 1000
     assert (out / "training" / "accuracy.png").stat().st_size > 1000
     record = json.loads((out / "training" / "training.json").read_text())
-    assert record["sequences"] == 144 and record["held_out"]["accuracy"][0] > 0.2
+    assert record["sequences"] == len(TRAIN_PROMPTS) * SAMPLES_PER_PROMPT
+    assert record["held_out"]["accuracy"][0] > 0.2
     assert json.loads((out / "config.json").read_text())["num_nextn_predict_layers"] == 1
     trained_rate = acceptance(out)
     untrained_rate = acceptance(tmp_path / "out.work" / "scaffold")

@@ -187,7 +187,13 @@ def test_fp8_target_round_trip(models, tmp_path, capsys):
 
     assert inspect_main([str(tmp_path / "out")]) == 0
     described = capsys.readouterr().out
-    assert "MTP layer 4: " in described and "OK: usable as an MTP drafter" in described
+    # Every linear the target stores as FP8 is FP8 again in the export (30 in the tiny layer).
+    with safe_open(str(fp8_dir / "model.safetensors"), "pt") as f:
+        quantized = sum(n.startswith("model.layers.4.") and n.endswith("_scale_inv")
+                        for n in f.keys())
+    assert "MTP layer 4 (model.layers.4.*): " in described
+    assert f"{quantized} linears quantized" in described and "PROBLEM" not in described
+    assert "OK: usable as an MTP drafter" in described
 
 
 def test_resume_continues_where_it_stopped(models, data, tmp_path, monkeypatch):
