@@ -10,53 +10,29 @@ loaders then narrow it to this rank's shard and copy it into the parameter, and 
 checks shapes: a name that lands on no parameter, or on one of another shape, fails; a parameter
 no tensor reached fails the loader's completeness check.
 
-TP = 8 is built with a tensor-parallel group that reports 8 ranks (``fake_tp``): the layers then
-create exactly the per-rank parameters (heads, experts and shared experts split in 8) they create
-on rank ``r`` of a real TP = 8 run; nothing is communicated while building or loading.
+TP = 8 is built with a tensor-parallel group that reports 8 ranks (``support.tp_groups.fake_tp``):
+the layers then create exactly the per-rank parameters (heads, experts and shared experts split in
+8) they create on rank ``r`` of a real TP = 8 run; nothing is communicated while building or
+loading.
 """
 
-import contextlib
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
+from support.name_lists import DATA, name_list_rows
+from support.tp_groups import fake_tp
 from v4_support.harness import cpu_quantized_kernels_selected, single_process_vllm
 
-DATA = Path(__file__).parent / "data"
 DTYPES = {"bf16": torch.bfloat16, "float32": torch.float32, "float8_e4m3fn": torch.float8_e4m3fn,
           "float8_e8m0fnu": torch.float8_e8m0fnu, "int8": torch.int8}
 
 
 def real_tensors(names_file: str) -> list[tuple[str, torch.Tensor]]:
-    rows = []
-    for line in (DATA / names_file).read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, shape, dtype = line.split("\t")
-            dims = tuple(int(d) for d in shape.split(","))
-            rows.append((name, torch.empty(dims, dtype=DTYPES[dtype], device="meta")))
-    return rows
-
-
-@contextlib.contextmanager
-def fake_tp(world_size: int, rank: int):
-    """vLLM's TP group, reporting ``world_size`` ranks with this process as ``rank``."""
-    from vllm.distributed import parallel_state
-
-    real = parallel_state._TP
-
-    class Group:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-    group = Group()
-    group.world_size, group.rank_in_group = world_size, rank
-    parallel_state._TP = group
-    try:
-        yield
-    finally:
-        parallel_state._TP = real
+    """The list's tensors as meta tensors of their shape and dtype."""
+    return [(name, torch.empty(shape, dtype=DTYPES[dtype], device="meta"))
+            for name, shape, dtype in name_list_rows(names_file)]
 
 
 @pytest.fixture(scope="module")

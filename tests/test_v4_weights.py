@@ -8,15 +8,15 @@ one has.
 import json
 import re
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
+from support.name_lists import DATA, name_list_rows
+from support.tp_groups import tp_rank_functions
 
 from vllm_mtp_plugin.tools.tiny.v4 import TinyV4Spec, build_tensors, encode
 from vllm_mtp_plugin.weights.v4 import attn_sink_for_rank, dspark_hint, raw_bytes, v4_weight_map
 
-DATA = Path(__file__).parent / "data"
 CONFIG = json.loads((DATA / "deepseek_v4_config.json").read_text())
 L = CONFIG["num_hidden_layers"]  # 43: mtp.0 is layer 43
 EXPERT_PARAMS = {"gate_proj": "experts.routed_experts.w13_", "up_proj": "experts.routed_experts.w13_",
@@ -25,12 +25,7 @@ BLOCK = f"model.layers.{L}.mtp_block"
 
 
 def real_v4_names() -> list[tuple[str, tuple[int, ...], str]]:
-    rows = []
-    for line in (DATA / "deepseek_v4_mtp_names.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, shape, dtype = line.split("\t")
-            rows.append((name, tuple(int(d) for d in shape.split(",")), dtype))
-    return rows
+    return name_list_rows("deepseek_v4_mtp_names.txt")
 
 
 def flash_map(expert_dtype="fp4"):
@@ -161,8 +156,7 @@ def test_byte_view_keeps_ue8m0_and_fp4_bytes():
 def test_attn_sink_keeps_this_ranks_heads_and_minus_inf_padding(monkeypatch):
     import vllm.distributed as dist
 
-    monkeypatch.setattr(dist, "get_tensor_model_parallel_world_size", lambda: 2)
-    monkeypatch.setattr(dist, "get_tensor_model_parallel_rank", lambda: 1)
+    tp_rank_functions(monkeypatch, dist, 2, 1)
     sink = torch.arange(8, dtype=torch.float32)
     param = torch.zeros(6)  # 4 local heads padded to 6, as some attention backends do
     out = attn_sink_for_rank(8)(sink, param)
@@ -199,8 +193,7 @@ def test_attn_sink_is_narrowed_once_when_the_parameter_loader_narrows(monkeypatc
     from vllm_mtp_plugin.platform import narrows_per_rank
     from vllm_mtp_plugin.weights.loader import load_mtp_weights
 
-    monkeypatch.setattr(dist, "get_tensor_model_parallel_world_size", lambda: 4)
-    monkeypatch.setattr(dist, "get_tensor_model_parallel_rank", lambda: rank)
+    tp_rank_functions(monkeypatch, dist, 4, rank)
     sink = torch.arange(16, dtype=torch.float32)  # 16 heads, 4 per rank, padded to 6
     for param in sink_parameters():
         assert narrows_per_rank(param)

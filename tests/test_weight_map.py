@@ -1,27 +1,21 @@
 """The V3 weight-map rules on their own, against the real DeepSeek-V3/R1 MTP tensor list."""
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
+from support.name_lists import DATA, name_list_rows
 
 from vllm_mtp_plugin.weights.loader import CheckpointError, load_mtp_weights
 from vllm_mtp_plugin.weights.v3 import v3_weight_map
 
-DATA = Path(__file__).parent / "data"
 # vLLM 0.32 names; the engine tests check the live names through platform.fused_moe_expert_params.
 EXPERT_PARAMS = {"gate_proj": "experts.routed_experts.w13_", "up_proj": "experts.routed_experts.w13_",
                  "down_proj": "experts.routed_experts.w2_"}
 
 
 def real_v3_names() -> list[tuple[str, tuple[int, ...]]]:
-    rows = []
-    for line in (DATA / "deepseek_v3_mtp_layer61_names.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, shape, _ = line.split("\t")
-            rows.append((name, tuple(int(d) for d in shape.split(","))))
-    return rows
+    return [(name, shape) for name, shape, _ in name_list_rows("deepseek_v3_mtp_layer61_names.txt")]
 
 
 @pytest.fixture(scope="module")
