@@ -1,21 +1,10 @@
 """Broken checkpoints fail with one clear message naming the file, tensor and remedy: before the
 engine starts where the headers show it (``weights/preflight.py``), else when the drafter loads."""
 
-import json
-import shutil
-
 import pytest
-from safetensors.torch import load_file, save_file
+from support.checkpoint_edits import drop, edited_copy
 
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
-
-
-def derive(source, target, edit):
-    """Copy a checkpoint and rewrite its tensors with ``edit(dict) -> dict``."""
-    shutil.copytree(source, target)
-    tensors = edit(load_file(str(source / "model.safetensors")))
-    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
-    return target
 
 
 def load_error(model) -> str:
@@ -25,8 +14,7 @@ def load_error(model) -> str:
 
 
 def test_checkpoint_without_its_mtp_layer(checkpoints, tmp_path):
-    model = derive(checkpoints("oracle"), tmp_path / "no-mtp",
-                   lambda t: {k: v for k, v in t.items() if not k.startswith("model.layers.2.")})
+    model = edited_copy(checkpoints("oracle"), tmp_path / "no-mtp", tensors=drop("model.layers.2."))
     message = load_error(model)
     assert f"{model}/model.safetensors has no tensors for MTP layer 0 (model.layers.2.*" in message
     assert "quantized or exported without its MTP layers" in message
@@ -37,7 +25,7 @@ def test_tensor_of_the_wrong_shape(checkpoints, tmp_path):
         t["model.layers.2.eh_proj.weight"] = t["model.layers.2.eh_proj.weight"][:, :256].clone()
         return t
 
-    model = derive(checkpoints("oracle"), tmp_path / "bad-shape", shrink)
+    model = edited_copy(checkpoints("oracle"), tmp_path / "bad-shape", tensors=shrink)
     message = load_error(model)
     assert (f"{model}/model.safetensors: tensor 'model.layers.2.eh_proj.weight' has shape "
             "[256, 256], but config.json (hidden_size 256) needs [256, 512]") in message
@@ -50,7 +38,7 @@ def test_a_tensor_the_layer_does_not_have_is_caught_by_the_loader(checkpoints, t
         t["model.layers.2.self_attn.o_gate.weight"] = t["model.layers.2.enorm.weight"].clone()
         return t
 
-    model = derive(checkpoints("oracle"), tmp_path / "unknown-tensor", add_unknown)
+    model = edited_copy(checkpoints("oracle"), tmp_path / "unknown-tensor", tensors=add_unknown)
     message = load_error(model)
     assert (f"CheckpointError: {model}/model.safetensors: tensor "
             "'model.layers.2.self_attn.o_gate.weight' (shape [256]) maps to parameter "
@@ -59,18 +47,14 @@ def test_a_tensor_the_layer_does_not_have_is_caught_by_the_loader(checkpoints, t
 
 
 def test_missing_enorm(checkpoints, tmp_path):
-    model = derive(checkpoints("oracle"), tmp_path / "no-enorm",
-                   lambda t: {k: v for k, v in t.items() if "enorm" not in k})
+    model = edited_copy(checkpoints("oracle"), tmp_path / "no-enorm", tensors=drop("enorm"))
     message = load_error(model)
     assert "MTP layer 0 (model.layers.2.*) is incomplete: 1 tensor(s) missing: " \
            "model.layers.2.enorm.weight" in message
 
 
 def test_config_without_mtp_layers(checkpoints, tmp_path):
-    model = shutil.copytree(checkpoints("oracle"), tmp_path / "no-nextn")
-    config = json.loads((model / "config.json").read_text())
-    config["num_nextn_predict_layers"] = 0
-    (model / "config.json").write_text(json.dumps(config))
+    model = edited_copy(checkpoints("oracle"), tmp_path / "no-nextn", num_nextn_predict_layers=0)
     message = load_error(model)
     assert "config.json sets num_nextn_predict_layers to 0, so the checkpoint has no MTP layer" in message
 
@@ -82,7 +66,7 @@ def test_a_block_tensor_of_the_wrong_shape_is_refused_at_load(checkpoints, tmp_p
             t["model.layers.2.self_attn.o_proj.weight"][:, :64].clone()
         return t
 
-    model = derive(checkpoints("oracle"), tmp_path / "bad-block-shape", shrink)
+    model = edited_copy(checkpoints("oracle"), tmp_path / "bad-block-shape", tensors=shrink)
     message = load_error(model)
     assert (f"CheckpointError: {model}/model.safetensors: tensor "
             "'model.layers.2.self_attn.o_proj.weight' has shape [256, 64], but parameter "

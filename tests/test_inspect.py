@@ -7,25 +7,13 @@ not taken from the description under test.
 
 import json
 import re
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from support.checkpoint_edits import drop, edited_copy
 
 from vllm_mtp_plugin.tools.inspect import inspect, main
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint as build_v4
-
-
-def rewrite(source, target, keep=lambda k: True, add=None, config=None):
-    shutil.copytree(source, target)
-    tensors = {k: v for k, v in load_file(str(source / "model.safetensors")).items() if keep(k)}
-    save_file({**tensors, **(add or {})}, str(target / "model.safetensors"))
-    if config:
-        cfg = json.loads((target / "config.json").read_text())
-        cfg.update(config)
-        (target / "config.json").write_text(json.dumps(cfg))
-    return target
 
 
 def test_a_good_v3_checkpoint(checkpoints, capsys):
@@ -52,7 +40,7 @@ def test_a_good_v3_checkpoint(checkpoints, capsys):
 
 def test_a_checkpoint_without_mtp_layers_names_its_file(checkpoints, tmp_path, capsys):
     oracle = checkpoints("oracle")
-    stripped = rewrite(oracle, tmp_path / "stripped", lambda k: not k.startswith("model.layers.2."))
+    stripped = edited_copy(oracle, tmp_path / "stripped", tensors=drop("model.layers.2."))
     report = inspect(stripped)
     assert report["layers"][2]["tensors"] == 0
     assert report["problems"] == [
@@ -66,8 +54,8 @@ def test_a_checkpoint_without_mtp_layers_names_its_file(checkpoints, tmp_path, c
 
 def test_an_incomplete_v3_layer_and_an_unknown_tensor(checkpoints, tmp_path, capsys):
     oracle = checkpoints("oracle")
-    no_hnorm = rewrite(oracle, tmp_path / "no-hnorm", lambda k: "hnorm" not in k,
-                       add={"model.layers.2.self_attn.o_gate.weight": torch.zeros(4)})
+    no_hnorm = edited_copy(oracle, tmp_path / "no-hnorm", tensors=lambda t: {
+        **drop("hnorm")(t), "model.layers.2.self_attn.o_gate.weight": torch.zeros(4)})
     report = inspect(no_hnorm)
     assert report["problems"] == [
         f"{no_hnorm}: MTP layer 0 (model.layers.2.*) is incomplete: 1 tensor(s) missing: "
@@ -95,8 +83,8 @@ def v32(checkpoints, tmp_path_factory):
     indexer = {p + "wq_b.weight": torch.zeros(heads * dim, cfg["q_lora_rank"]),
                p + "wk.weight": torch.zeros(dim, hidden), p + "k_norm.weight": torch.ones(dim),
                p + "k_norm.bias": torch.zeros(dim), p + "weights_proj.weight": torch.zeros(heads, hidden)}
-    return rewrite(oracle, tmp_path_factory.mktemp("v32") / "v32", add=indexer,
-                   config={"model_type": "deepseek_v32", **INDEXER})
+    return edited_copy(oracle, tmp_path_factory.mktemp("v32") / "v32",
+                       tensors=lambda t: t.update(indexer), model_type="deepseek_v32", **INDEXER)
 
 
 def test_a_v32_checkpoint_is_v3s_layer_plus_the_indexer(v32, tmp_path):
@@ -105,13 +93,13 @@ def test_a_v32_checkpoint_is_v3s_layer_plus_the_indexer(v32, tmp_path):
     layer = report["layers"][2]
     assert layer["kinds"] == {"own": 4, "shared": 2, "block": 14 + 5, "expert": 12}
     assert layer["tensors"] == 32 + 5 and layer["unknown"] == []
-    no_wk = rewrite(v32, tmp_path / "no-wk", lambda k: ".indexer.wk." not in k)
+    no_wk = edited_copy(v32, tmp_path / "no-wk", tensors=drop(".indexer.wk."))
     assert inspect(no_wk)["problems"] == [
         f"{no_wk}: MTP layer 0 (model.layers.2.*) is incomplete: 1 tensor(s) missing: "
         "model.layers.2.self_attn.indexer.wk.weight. Re-export the checkpoint with every tensor "
         "of its MTP layers, or serve without --speculative-config."]
     # The same tensors under V3's model_type: the indexer is no part of V3's description.
-    as_v3 = rewrite(v32, tmp_path / "as-v3", config={"model_type": "deepseek_v3"})
+    as_v3 = edited_copy(v32, tmp_path / "as-v3", model_type="deepseek_v3")
     assert inspect(as_v3)["layers"][2]["unknown"] == sorted(
         f"model.layers.2.self_attn.indexer.{t}" for t in
         ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"))
@@ -140,19 +128,18 @@ def test_a_good_v4_checkpoint(v4, capsys):
 
 
 def test_v4_problems_are_the_start_up_checks(v4, tmp_path):
-    dspark = rewrite(v4, tmp_path / "dspark", lambda k: not k.startswith(("mtp.0.enorm.",
-                                                                           "mtp.0.hnorm.")))
+    dspark = edited_copy(v4, tmp_path / "dspark", tensors=drop("mtp.0.enorm.", "mtp.0.hnorm."))
     (problem,) = inspect(dspark)["problems"]
     assert problem.startswith(f"{dspark}: mtp.0.* has ")
     assert "no enorm/hnorm, so it is not a DeepSeek MTP layer; it looks like a DSpark drafter" in problem
-    bare = rewrite(v4, tmp_path / "bare", lambda k: not k.startswith("mtp."))
+    bare = edited_copy(v4, tmp_path / "bare", tensors=drop("mtp."))
     assert inspect(bare)["problems"][0].startswith(
         f"{bare / 'model.safetensors'} has no tensors for MTP layer 0 (mtp.0.*, deepseek_v4 "
         "(DeepSeek naming))")
 
 
 def test_an_unknown_model_type_is_refused_naming_config_json(checkpoints, tmp_path):
-    other = rewrite(checkpoints("oracle"), tmp_path / "llama", config={"model_type": "llama"})
+    other = edited_copy(checkpoints("oracle"), tmp_path / "llama", model_type="llama")
     with pytest.raises(SystemExit, match=re.escape(
             f"{other / 'config.json'}: model_type 'llama'; vllm-mtp inspect knows deepseek_v3, "
             "deepseek_v32, deepseek_v4 checkpoints")):

@@ -7,57 +7,18 @@ child process with the plugin installed. Valid checkpoints and the real DeepSeek
 """
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.checkpoint_edits import drop, edited_copy, read_raw, write_raw
+from support.name_lists import DATA, name_list_rows
 from v4_support.harness import tiny_v4_checkpoint
 
 from vllm_mtp_plugin.weights.preflight import tensor_problems
 
-DATA = Path(__file__).parent / "data"
-
-
-# --------------------------------------------------------------------------- raw safetensors
-
-
-def read_raw(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
-    raw = path.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
-    return {name: (info["dtype"], info["shape"], data[info["data_offsets"][0]:info["data_offsets"][1]])
-            for name, info in header.items() if name != "__metadata__"}
-
-
-def write_raw(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
-    header, offset = {}, 0
-    for name, (dtype, shape, data) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-    encoded = json.dumps(header).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    path.write_bytes(len(encoded).to_bytes(8, "little") + encoded
-                     + b"".join(data for _, _, data in tensors.values()))
-
-
-def derive(source: Path, target: Path, tensors=None, config=None, files=None) -> Path:
-    shutil.copytree(source, target)
-    shard = target / "model.safetensors"
-    if tensors:
-        write_raw(shard, tensors(read_raw(shard)))
-    if config:
-        cfg = json.loads((target / "config.json").read_text())
-        config(cfg)
-        (target / "config.json").write_text(json.dumps(cfg))
-    if files:
-        files(target)
-    return target
-
-
-def drop(*needles):
-    return lambda t: {k: v for k, v in t.items() if not any(n in k for n in needles)}
+# --------------------------------------------------------------------------- raw edits
 
 
 def rename(old: str, new: str):
@@ -97,31 +58,31 @@ def garble_header(model: Path) -> None:
     shard.write_bytes(bytes(raw))
 
 
-# kind -> (base, derive kwargs, substrings the refusal must contain)
+# kind -> (edited_copy kwargs, substrings the refusal must contain)
 V3_CASES = {
-    "missing": ({"tensors": drop("model.layers.2.")},
+    "missing": ({"raw_tensors": drop("model.layers.2.")},
                 ["model.safetensors has no tensors for MTP layer 0 (model.layers.2.*, deepseek_v3 "
                  "(Hugging Face))", "exported without its MTP"]),
-    "shifted_up": ({"tensors": rename("model.layers.2.", "model.layers.3.")},
+    "shifted_up": ({"raw_tensors": rename("model.layers.2.", "model.layers.3.")},
                    ["config.json puts MTP layer 0 at model.layers.2.*", "are at model.layers.3.*",
                     "shifted"]),
-    "shifted_down": ({"config": lambda c: c.update(num_hidden_layers=3)},
+    "shifted_down": ({"num_hidden_layers": 3},
                      ["puts MTP layer 0 at model.layers.3.* (num_hidden_layers=3",
                       "are at model.layers.2.*"]),
-    "partial_own": ({"tensors": drop("model.layers.2.enorm.")},
+    "partial_own": ({"raw_tensors": drop("model.layers.2.enorm.")},
                     ["MTP layer 0 (model.layers.2.*) is incomplete: 1 tensor(s) missing: "
                      "model.layers.2.enorm.weight"]),
-    "partial_block": ({"tensors": drop("model.layers.2.self_attn.kv_b_proj.")},
+    "partial_block": ({"raw_tensors": drop("model.layers.2.self_attn.kv_b_proj.")},
                       ["1 tensor(s) missing: model.layers.2.self_attn.kv_b_proj.weight"]),
-    "missing_expert": ({"tensors": drop("model.layers.2.mlp.experts.3.")},
+    "missing_expert": ({"raw_tensors": drop("model.layers.2.mlp.experts.3.")},
                        ["3 tensor(s) missing: model.layers.2.mlp.experts.3.gate_proj.weight"]),
-    "surplus": ({"tensors": copy_layer("model.layers.2.", "model.layers.3.")},
+    "surplus": ({"raw_tensors": copy_layer("model.layers.2.", "model.layers.3.")},
                 ["MTP layer(s) model.layers.3.* beyond the 1 that config.json declares",
                  "set num_nextn_predict_layers to 2"]),
-    "wrong_shape": ({"tensors": reshape_eh_proj},
+    "wrong_shape": ({"raw_tensors": reshape_eh_proj},
                     ["tensor 'model.layers.2.eh_proj.weight' has shape [256, 256]",
                      "needs [256, 512]"]),
-    "bad_dtype": ({"tensors": retype("model.layers.2.hnorm.weight", "F6_E3M2")},
+    "bad_dtype": ({"raw_tensors": retype("model.layers.2.hnorm.weight", "F6_E3M2")},
                   ["tensor 'model.layers.2.hnorm.weight' is stored as F6_E3M2"]),
     "absent_shard": ({"files": index_naming_absent_shard},
                      ["names shard model-00002-of-00002.safetensors, which is not in"]),
@@ -131,15 +92,15 @@ V3_CASES = {
                        ["model.safetensors: the safetensors header is not valid"]),
 }
 V4_CASES = {
-    "v4_missing": ({"tensors": drop("mtp.")},
+    "v4_missing": ({"raw_tensors": drop("mtp.")},
                    ["model.safetensors has no tensors for MTP layer 0 (mtp.0.*, deepseek_v4"]),
-    "v4_dspark": ({"tensors": drop("mtp.0.enorm.", "mtp.0.hnorm.")},
+    "v4_dspark": ({"raw_tensors": drop("mtp.0.enorm.", "mtp.0.hnorm.")},
                   ["mtp.0.* has", "no enorm/hnorm, so it is not a DeepSeek MTP layer; it looks "
                    "like a DSpark drafter", '"method": "dspark"']),
-    "v4_partial": ({"tensors": drop("mtp.0.hc_head_fn", "mtp.0.e_proj.")},
+    "v4_partial": ({"raw_tensors": drop("mtp.0.hc_head_fn", "mtp.0.e_proj.")},
                    ["MTP layer 0 (mtp.0.*) is incomplete: 2 tensor(s) missing: mtp.0.e_proj.weight, "
                     "mtp.0.hc_head_fn"]),
-    "v4_surplus": ({"tensors": copy_layer("mtp.0.", "mtp.1.")},
+    "v4_surplus": ({"raw_tensors": copy_layer("mtp.0.", "mtp.1.")},
                    ["MTP layer(s) mtp.1.* beyond the 1 that config.json declares"]),
 }
 
@@ -164,7 +125,8 @@ def start_up(checkpoints, tmp_path_factory):
     """Every case through vLLM's start-up in one child process: model dir -> error or None."""
     root = tmp_path_factory.mktemp("preflight")
     bases = {"v3": checkpoints("oracle"), "v4": tiny_v4_checkpoint("random")}
-    dirs = {kind: derive(bases["v4" if kind.startswith("v4") else "v3"], root / kind, **kwargs)
+    dirs = {kind: edited_copy(bases["v4" if kind.startswith("v4") else "v3"], root / kind,
+                             **kwargs)
             for kind, (kwargs, _) in {**V3_CASES, **V4_CASES}.items()}
     dirs["valid_v3"], dirs["valid_v4"] = bases["v3"], bases["v4"]
     out = subprocess.run([sys.executable, "-c", REFUSE, *map(str, dirs.values())],
@@ -197,13 +159,9 @@ TORCH_TO_SAFETENSORS = {"bf16": "BF16", "float32": "F32", "float8_e4m3fn": "F8_E
 
 
 def real_tensors(name_list: str) -> dict[str, dict]:
-    tensors = {}
-    for line in (DATA / name_list).read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, shape, dtype = line.split("\t")
-            tensors[name] = {"shape": [int(d) for d in shape.split(",")],
-                             "dtype": TORCH_TO_SAFETENSORS[dtype], "file": "shard"}
-    return tensors
+    """The list's tensors as the start-up check reads them from safetensors headers."""
+    return {name: {"shape": list(shape), "dtype": TORCH_TO_SAFETENSORS[dtype], "file": "shard"}
+            for name, shape, dtype in name_list_rows(name_list)}
 
 
 def test_the_real_deepseek_name_lists_pass():

@@ -1,7 +1,13 @@
 """Edited copies of a checkpoint directory, for tests that need a checkpoint a little different
-from the ones ``conftest.py`` builds (a field of config.json changed, a tensor added or replaced).
+from the ones ``conftest.py`` builds (a field of config.json changed, a tensor added, dropped or
+replaced, its stored bytes or the files themselves damaged).
 
 The source directory is never touched: the session's checkpoints are shared by every test.
+
+Tensor edits take the shard's ``{name: tensor}`` dict and either change it in place or return the
+new dict, so the same edit (``drop``) serves torch tensors and raw entries alike. Raw entries,
+``(safetensors dtype name, shape, bytes)``, are for what torch cannot load or would change: a dtype
+no loader knows, bytes kept exactly.
 """
 
 import json
@@ -9,26 +15,62 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
-TensorEdit = Callable[[dict[str, torch.Tensor]], None]
+RawTensors = dict[str, tuple[str, list[int], bytes]]
+TensorEdit = Callable[[dict], dict | None]
 
 
 def edited_copy(source: Path, dest: Path, *, tensors: TensorEdit | None = None,
+                raw_tensors: TensorEdit | None = None, files: Callable[[Path], None] | None = None,
                 **config_changes) -> Path:
     """``source`` copied to ``dest``; ``config_changes`` set in its config.json; ``tensors`` edits
-    the dict of its ``model.safetensors`` in place (written back). Returns ``dest``."""
+    the dict of its ``model.safetensors`` (written back with safetensors), ``raw_tensors`` its raw
+    entries (written back byte for byte, ``write_raw``); ``files(dest)`` runs last, for edits of
+    the files themselves. Returns ``dest``."""
     source, dest = Path(source), Path(dest)
     shutil.copytree(source, dest, dirs_exist_ok=True)
     if config_changes:
         config = json.loads((dest / "config.json").read_text())
         config.update(config_changes)
         (dest / "config.json").write_text(json.dumps(config))
+    shard = dest / "model.safetensors"
     if tensors is not None:
         from safetensors.torch import load_file, save_file
 
-        loaded = load_file(str(dest / "model.safetensors"))
-        tensors(loaded)
-        save_file(loaded, str(dest / "model.safetensors"), metadata={"format": "pt"})
+        save_file(_edited(tensors, load_file(str(shard))), str(shard), metadata={"format": "pt"})
+    if raw_tensors is not None:
+        write_raw(shard, _edited(raw_tensors, read_raw(shard)))
+    if files is not None:
+        files(dest)
     return dest
 
+
+def _edited(edit: TensorEdit, tensors: dict) -> dict:
+    returned = edit(tensors)
+    return tensors if returned is None else returned
+
+
+def drop(*needles: str) -> TensorEdit:
+    """An edit that removes every tensor whose name contains one of ``needles``."""
+    return lambda t: {k: v for k, v in t.items() if not any(n in k for n in needles)}
+
+
+def read_raw(path: Path) -> RawTensors:
+    """A safetensors file's tensors as stored: ``{name: (dtype name, shape, bytes)}``."""
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    return {name: (info["dtype"], info["shape"], data[info["data_offsets"][0]:info["data_offsets"][1]])
+            for name, info in header.items() if name != "__metadata__"}
+
+
+def write_raw(path: Path, tensors: RawTensors) -> None:
+    """``tensors`` written as a safetensors file, in the dict's order, whatever their dtype names
+    (no metadata)."""
+    header, offset = {}, 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    Path(path).write_bytes(len(encoded).to_bytes(8, "little") + encoded
+                           + b"".join(data for _, _, data in tensors.values()))
