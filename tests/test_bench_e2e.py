@@ -116,7 +116,8 @@ def test_trained_model_compiled_by_prompt_kind_and_temperature(tmp_path, monkeyp
             if temperature == 0:  # greedy: both drafters propose the same tokens
                 assert plugin["spec_decode"] == tree["spec_decode"], kind
     logs = [p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log")]
-    assert len(logs) == 2 and all("saved AOT compiled function" in log for log in logs)
-    # patches.skip_unloadable_aot_cache: later engines of the same target load nothing
+    # patches.skip_unloadable_aot_cache: no engine saves an artifact it could not load, and later
+    # engines of the same target load nothing
+    assert len(logs) == 2 and not any("saved AOT compiled function" in log for log in logs)
     assert not any("due to a load failure" in log for log in logs)
     assert "| trained | plugin | chat | 1 | 2 |" in (tmp_path / "table.md").read_text()

