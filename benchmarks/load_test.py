@@ -90,11 +90,12 @@ def _test(label: str, base_url: str, model: str, args, oracle: bool,
 def _serve_and_test(spec: str, args, log_dir: Path) -> dict:
     from vllm_mtp_plugin.tools.bench.checkpoints import resolve
     from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype, serve_args_for_dtype
+    from vllm_mtp_plugin.tools.engine_modes import eager_serve_args
     from vllm_mtp_plugin.tools.server import Server, start_all
 
     checkpoint = resolve(spec)
     oracle = checkpoint.meta.get("mode") == "oracle"
-    common = ["--served-model-name", "tiny", "--enforce-eager", "--max-model-len",
+    common = ["--served-model-name", "tiny", *eager_serve_args("outside-the-graph"), "--max-model-len",
               str(args.max_model_len), "--dtype", args.dtype, *serve_args_for_dtype(args.dtype)]
     _, speculative_config = engine_args_for_dtype(args.dtype, {"method": "mtp",
                                                                "num_speculative_tokens": args.k})

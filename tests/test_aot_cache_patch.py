@@ -46,7 +46,7 @@ def test_vllm_alone_cannot_load_what_it_saved(checkpoints, prompts, tmp_path):
     """The bug the patch is for, on vLLM without plugins; the patched side is
     ``test_bench_e2e.py``'s compiled run (its engines share one cache and load nothing)."""
     config = OfflineConfig(model=str(checkpoints("noisy", acceptance=0.6)), prompts=prompts[:2],
-                           max_tokens=8, llm_kwargs={"enforce_eager": False, "dtype": "float32"})
+                           max_tokens=8, llm_kwargs={"dtype": "float32"})
     env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_PLUGINS": ""}
     logs = []
     for name in ("first", "again"):

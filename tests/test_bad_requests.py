@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 
+from vllm_mtp_plugin.tools.engine_modes import eager_serve_args
 from vllm_mtp_plugin.tools.offline import child_env
 from vllm_mtp_plugin.tools.server import Server, start_all
 
@@ -49,7 +50,8 @@ def _env(impl: str) -> dict:
 def servers(checkpoints, tmp_path_factory):
     """{"plugin": server, "in-tree": server}, both with MTP on the same checkpoint."""
     logs = tmp_path_factory.mktemp("bad-requests")
-    args = ["--served-model-name", "tiny", "--enforce-eager", "--max-model-len", "512",
+    args = ["--served-model-name", "tiny", *eager_serve_args("outside-the-graph"),
+            "--max-model-len", "512",
             "--speculative-config", json.dumps(SPEC)]
     group = {}
     for impl in ("plugin", "in-tree"):
@@ -130,7 +132,7 @@ results = {}
 for name, model, spec in json.loads(sys.argv[1]):
     try:
         config = EngineArgs(model=model, speculative_config=spec, max_model_len=512,
-                            enforce_eager=True).create_engine_config()
+                            ).create_engine_config()
         draft = config.speculative_config.draft_model_config.hf_config.architectures
         results[name] = {"ok": draft}
     except Exception as exc:

@@ -6,6 +6,7 @@ from vllm_mtp_plugin.tools.bench import checkpoints
 from vllm_mtp_plugin.tools.bench.offline_mode import offline_config
 from vllm_mtp_plugin.tools.bench.serve_mode import serve_args, server_env
 from vllm_mtp_plugin.tools.bench.sweep import Sweep
+from vllm_mtp_plugin.tools.engine_modes import eager_serve_args
 from vllm_mtp_plugin.tools.mrv2 import SWITCH, needs_interpreter
 
 
@@ -36,7 +37,7 @@ def test_a_v4_preset_builds_a_bf16_v4_checkpoint_run_with_the_plugin_on_v2(tmp_p
     assert (offline.runner, offline.llm_kwargs["dtype"], offline.impl) == ("v2", "bfloat16", "plugin")
     assert offline.llm_kwargs["enforce_eager"] and offline.passes[0]["prompts"] == ["Hello"]
     args = serve_args(sweep, 2, ckpt.engine["dtype"], ckpt.engine["eager"])
-    assert args[args.index("--dtype") + 1] == "bfloat16" and "--enforce-eager" in args
+    assert args[args.index("--dtype") + 1] == "bfloat16" and eager_serve_args("interpreted-v4")[0] in args
     env = server_env("plugin", ckpt.engine["runner"])
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     assert (env.get(SWITCH) == "1") == needs_interpreter()

@@ -32,8 +32,8 @@ def first_layer_only_oracle(checkpoints, tmp_path_factory):
 def per_position(model, impl: str, prompts) -> list[float]:
     result = run_config(OfflineConfig(
         model=str(model), num_speculative_tokens=2, impl=impl, runner="v2", prompts=prompts[:2],
-        max_tokens=12, llm_kwargs={"enforce_eager": False, "dtype": "float32"}), timeout=1200)
-    assert result["runner"] == "v2"
+        max_tokens=12, llm_kwargs={"dtype": "float32"}), timeout=1200)
+    assert result["runner"] == "v2" and result["compilation"] == "DYNAMO_TRACE_ONCE"
     return result["spec_decode"]["per_position_acceptance"]
 
 

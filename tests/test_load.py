@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from vllm_mtp_plugin.tools.engine_modes import eager_serve_args
 from vllm_mtp_plugin.tools import loadtest
 from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype, serve_args_for_dtype
 from vllm_mtp_plugin.tools.server import Server, start_all
@@ -24,7 +25,8 @@ def servers(checkpoints, tmp_path_factory):
     """The speculative server and the reference, started side by side (vLLM's default mode)."""
     model = checkpoints("oracle")
     logs = tmp_path_factory.mktemp("load")
-    common = ["--served-model-name", "tiny", "--enforce-eager", "--max-model-len",
+    common = ["--served-model-name", "tiny", *eager_serve_args("outside-the-graph"),
+              "--max-model-len",
               str(MAX_MODEL_LEN), "--dtype", "float32", *serve_args_for_dtype("float32")]
     _, speculative_config = engine_args_for_dtype("float32", {"method": "mtp",
                                                               "num_speculative_tokens": K})

@@ -110,7 +110,7 @@ from vllm.engine.arg_utils import EngineArgs
 results = {}
 for model in sys.argv[1:]:
     try:
-        EngineArgs(model=model, max_model_len=256, enforce_eager=True,
+        EngineArgs(model=model, max_model_len=256,
                    speculative_config={"method": "mtp", "num_speculative_tokens": 1}
                    ).create_engine_config()
         results[model] = None

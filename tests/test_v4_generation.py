@@ -33,6 +33,7 @@ pytestmark = needs_v4_target()
 def generate(model, k: int, impl: str = "plugin") -> dict:
     result = run_config(OfflineConfig(str(model), k, impl, list(PROMPTS), MAX_TOKENS,
                                       runner="v2", record_layer_calls=k > 0,
+                                      eager="layer-calls" if k > 0 else "interpreted-v4",
                                       llm_kwargs={"dtype": "bfloat16", "max_model_len": 256}))
     assert result["runner"] == "v2"
     return result
@@ -99,7 +100,8 @@ def test_noisy_v4_first_position_acceptance_is_what_it_was_built_for(monkeypatch
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     prompts = distinct_last_word_prompts(48)
-    result = run_config(OfflineConfig(str(noisy), 1, "plugin", prompts, 16, runner="v1", llm_kwargs={
+    result = run_config(OfflineConfig(str(noisy), 1, "plugin", prompts, 16, runner="v1",
+                                      eager="interpreted-v4", llm_kwargs={
         "dtype": "bfloat16", "max_model_len": 256, "max_num_seqs": len(prompts)}))
     assert result["runner"] == "v1" and result["drafter"]["class"] == OURS
     spec = result["spec_decode"]

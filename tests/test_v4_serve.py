@@ -15,6 +15,7 @@ from openai import OpenAI
 from support.hardware import needs_v4_target
 from v4_support.harness import tiny_v4_checkpoint
 
+from vllm_mtp_plugin.tools.engine_modes import eager_serve_args
 from vllm_mtp_plugin.tools import metrics
 from vllm_mtp_plugin.tools.mrv2 import harness_env
 from vllm_mtp_plugin.tools.server import Server
@@ -32,7 +33,8 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("v4-server") / "serve.log"
     env = harness_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
     with Server(model, ["--speculative-config", spec, "--served-model-name", "tiny-v4",
-                        "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "512"],
+                        "--dtype", "bfloat16", *eager_serve_args("interpreted-v4"),
+                        "--max-model-len", "512"],
                 log_path=log, env=env) as srv:
         yield srv
     assert srv.process.returncode is not None  # stopped, by its PID

@@ -11,6 +11,7 @@ builder there (``build_drafter``).
 from pathlib import Path
 
 import torch
+from vllm_mtp_plugin.tools.engine_modes import eager_for
 
 
 def v3_engine_config(model_dir: Path, dtype: str = "float32", num_speculative_tokens: int = 1):
@@ -23,7 +24,8 @@ def v3_engine_config(model_dir: Path, dtype: str = "float32", num_speculative_to
 
     backend, spec = engine_args_for_dtype(
         dtype, {"method": "mtp", "num_speculative_tokens": num_speculative_tokens})
-    return EngineArgs(model=str(model_dir), dtype=dtype, enforce_eager=True, max_model_len=512,
+    return EngineArgs(model=str(model_dir), dtype=dtype, enforce_eager=eager_for("direct-call"),
+                      max_model_len=512,
                       distributed_executor_backend="uni", speculative_config=spec,
                       **backend).create_engine_config()
 

@@ -10,6 +10,7 @@ V4 attention metadata (a Triton kernel), after everything checked here has happe
 import json
 import os
 import sys
+from vllm_mtp_plugin.tools.engine_modes import eager_for
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -37,7 +38,8 @@ def report(worker) -> dict:
 def main(model_dir: str) -> None:
     from vllm import LLM
 
-    llm = LLM(model_dir, dtype="bfloat16", enforce_eager=True, max_model_len=512,
+    llm = LLM(model_dir, dtype="bfloat16", enforce_eager=eager_for("interpreted-v4"),
+              max_model_len=512,
               distributed_executor_backend="uni",
               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     print(json.dumps(llm.collective_rpc(report)[0]))

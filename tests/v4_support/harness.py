@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from vllm_mtp_plugin.tools.engine_modes import eager_for
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint
 
 _ROOT = None
@@ -60,7 +61,8 @@ def engine_config(model_dir: Path, num_speculative_tokens: int = 1):
     from vllm.engine.arg_utils import EngineArgs
 
     args = EngineArgs(
-        model=str(model_dir), dtype="bfloat16", enforce_eager=True, max_model_len=512,
+        model=str(model_dir), dtype="bfloat16", enforce_eager=eager_for("direct-call"),
+        max_model_len=512,
         distributed_executor_backend="uni",
         speculative_config={"method": "mtp", "num_speculative_tokens": num_speculative_tokens},
     )

@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import metrics
+from .engine_modes import eager_serve_args
 from .mrv2 import HarnessNotFound, harness_env, needs_interpreter, require_harness
 from .server import Server, ServerError
 from .tiny.tokenizer import bundled_prompt_texts
@@ -182,9 +183,8 @@ def main(argv=None) -> int:
         print(f"[demo] engine dtype: {dtype}; vLLM's default compilation")
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if args.variant == "v4":
-        # V4 runs in bf16 on CPU, here under Triton's interpreter: eager, as its tests (compiling
-        # the interpreted target would only add minutes).
-        serve_args += ["--dtype", "bfloat16", "--enforce-eager"]
+        # V4 runs in bf16 on CPU, here under Triton's interpreter: eager (engine_modes).
+        serve_args += ["--dtype", "bfloat16", *eager_serve_args("interpreted-v4")]
         env = harness_env({**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
         if needs_interpreter():
             print(f"[demo] NOTE: {V4_HARNESS_NOTE}.")

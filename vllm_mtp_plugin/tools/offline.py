@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .engine_modes import eager_for
 from .mrv2 import harness_env
 
 IMPLEMENTATIONS = ("plugin", "in-tree")
@@ -58,6 +59,15 @@ class OfflineConfig:
     # carries its label. Chat passes hold OpenAI message lists and go through ``LLM.chat`` (the
     # model's chat template). Empty: one pass of ``prompts`` with ``sampling``.
     passes: list = dataclasses.field(default_factory=list)
+    # None: vLLM's default compilation, as users run it. Eager only for a reason listed in
+    # ``engine_modes.EAGER_REASONS`` (e.g. "layer-calls" with ``record_layer_calls``).
+    eager: str | None = None
+
+    def __post_init__(self):
+        eager_for(self.eager)  # an unknown reason fails here, in the caller's process
+        if self.record_layer_calls and self.eager != "layer-calls":
+            raise ValueError('record_layer_calls wraps the layers from Python: it needs '
+                             'eager="layer-calls" (tools/engine_modes.py)')
 
 
 def child_env(impl: str, base: dict[str, str] | None = None,
@@ -209,7 +219,7 @@ def _child(request_path: str, result_path: str) -> None:
 
     config = OfflineConfig(**json.loads(Path(request_path).read_text()))
     allocated = _record_allocated_bytes()
-    kwargs = dict(enforce_eager=True, max_model_len=config.max_model_len, disable_log_stats=False,
+    kwargs = dict(enforce_eager=eager_for(config.eager), max_model_len=config.max_model_len, disable_log_stats=False,
                   seed=0)
     if not config.default_process_mode:
         kwargs["distributed_executor_backend"] = "uni"
@@ -250,6 +260,7 @@ def _child(request_path: str, result_path: str) -> None:
         "allocated_bytes": allocated,
         "init_seconds": init_s,
         "runner": report["runner"],
+        "compilation": report["compilation"],
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
         "runs": runs,

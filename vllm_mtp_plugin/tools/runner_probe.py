@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from .engine_modes import compilation_report
+
 V1_MODULE = "vllm.v1.worker.gpu_model_runner"
 V2_MODULE = "vllm.v1.worker.gpu.model_runner"
 CALLS_ATTR = "_mtp_layer_calls"
@@ -34,9 +36,11 @@ def drafter_model(runner):
 
 
 def runner_report(worker) -> dict:
-    """The runner that ran and the drafter's class (None without a drafter)."""
+    """The runner that ran, how it compiled ("eager" or vLLM's compilation mode) and the
+    drafter's class (None without a drafter)."""
     drafter = drafter_model(worker.model_runner)
     return {"runner": model_runner_kind(worker.model_runner),
+            "compilation": compilation_report(worker.model_runner.vllm_config)["compilation"],
             "class": None if drafter is None else
             f"{type(drafter).__module__}:{type(drafter).__name__}"}
 
@@ -56,7 +60,8 @@ def record_layer_calls(worker) -> bool:
     if drafter is None:
         raise RuntimeError("no drafter in this worker: run with speculative decoding")
     if not runner.vllm_config.model_config.enforce_eager:
-        raise RuntimeError("recording MTP layer calls needs enforce_eager=True")
+        raise RuntimeError("recording MTP layer calls needs an eager engine (engine_modes: "
+                           "\"layer-calls\")")
     calls = getattr(drafter, CALLS_ATTR, None)
     if calls is None:
         calls = Counter()

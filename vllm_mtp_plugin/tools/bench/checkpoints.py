@@ -23,6 +23,8 @@ import json
 import os
 from pathlib import Path
 
+from ..engine_modes import eager_for
+
 DEFAULT_MODE = "noisy"
 TRAINED = "trained"
 DEFAULT_ACCEPTANCE = 0.7
@@ -44,9 +46,10 @@ class Checkpoint:
     @property
     def engine(self) -> dict:
         """What the engine must run with: V4 only in bf16, on the V2 harness, with the plugin, and
-        eagerly (its target runs under Triton's interpreter: compiling it only adds minutes)."""
+        eagerly (``engine_modes``: "interpreted-v4")."""
         if self.variant == "v4":
-            return {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",), "eager": True}
+            return {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",),
+                    "eager": eager_for("interpreted-v4")}
         return {"dtype": None, "runner": None, "impls": ("plugin", "in-tree"), "eager": False}
 
 

@@ -79,6 +79,7 @@ def _engine(model_dir: Path, dtype: str, max_len: int, engine_kwargs: dict):
     from vllm import LLM
 
     from ..cpu_features import engine_args_for_dtype
+    from ..engine_modes import eager_for
 
     if dtype == "auto" and cpu_without_bf16():
         dtype = "float32"  # bf16 is compute-bound there (docs/platforms.md: "On CPU")
@@ -86,7 +87,8 @@ def _engine(model_dir: Path, dtype: str, max_len: int, engine_kwargs: dict):
     kv_bytes = cpu_kv_cache_bytes(json.loads((model_dir / "config.json").read_text()), max_len)
     if kv_bytes is not None:
         extra["kv_cache_memory_bytes"] = kv_bytes
-    return LLM(str(model_dir), speculative_config=spec, enforce_eager=True,
+    return LLM(str(model_dir), speculative_config=spec,
+               enforce_eager=eager_for("training-collection"),
                enable_prefix_caching=False, enable_chunked_prefill=False,
                max_model_len=max_len + 1, dtype=dtype,
                worker_extension_cls="vllm_mtp_plugin.recording.RecordingWorkerExtension",
