@@ -13,6 +13,23 @@ from vllm_mtp_plugin.tools.tiny.v3 import build_checkpoint  # noqa: E402
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts  # noqa: E402
 
 
+SUITE_ENVIRONMENT = dict(os.environ)
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_the_suite_started():
+    """After each test os.environ is what the suite started with. vLLM writes to it while it
+    builds a config in this process (test or module fixture), e.g. ``VLLM_USE_BREAKABLE_CUDAGRAPH=1``
+    for some model shapes, which turns compilation off in every engine started later from this
+    process's environment (seen: a compiled Model Runner V2 engine ran with mode NONE)."""
+    yield
+    for name in set(os.environ) - set(SUITE_ENVIRONMENT) - {"PYTEST_CURRENT_TEST"}:
+        del os.environ[name]
+    for name, value in SUITE_ENVIRONMENT.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     """Builds each tiny checkpoint on first use: ``checkpoints("noisy", acceptance=0.6)``."""

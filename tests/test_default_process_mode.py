@@ -68,13 +68,13 @@ def test_engine_log_says_which_drafter_serves_and_what_sharing_saved(checkpoints
 def test_bad_checkpoint_error_reaches_the_caller_through_the_engine_core(checkpoints, tmp_path):
     """A fault only the loader sees (a tensor the layer has no parameter for): raised in the
     spawned worker."""
-    from test_bad_checkpoints import derive
+    from support.checkpoint_edits import edited_copy
 
     def add_unknown(t):
         t["model.layers.2.self_attn.o_gate.weight"] = t["model.layers.2.enorm.weight"].clone()
         return t
 
-    model = derive(checkpoints("oracle"), tmp_path / "unknown-tensor", add_unknown)
+    model = edited_copy(checkpoints("oracle"), tmp_path / "unknown-tensor", tensors=add_unknown)
     log = tmp_path / "engine.log"
     with pytest.raises(RuntimeError, match="Engine core initialization failed"):
         run_config(OfflineConfig(str(model), 1, "plugin", ["Hello"], 4, default_process_mode=True),

@@ -28,13 +28,16 @@ def runner(request):
 
 @functools.cache
 def _run(model, k, impl, runner, prompts, count_layer_calls=False):
-    """vLLM's default compilation, except runs that count layer calls from Python (eager)."""
-    eager = "layer-calls" if count_layer_calls else None
+    """vLLM's default compilation, except runs that count layer calls from Python, and the V1
+    oracle at k = 1 and 3 and the random checkpoint, whose compiled twins are the oracle at k = 2
+    and the noisy checkpoint here (``engine_modes``: "compiled-twin")."""
+    twin = runner == "v1" and (k in (1, 3) or model.name.startswith("random"))
+    eager = "layer-calls" if count_layer_calls else "compiled-twin" if twin else None
     result = run_config(OfflineConfig(str(model), k, impl, list(prompts), MAX_TOKENS,
                                       runner=runner, record_layer_calls=count_layer_calls,
                                       eager=eager))
     assert result["runner"] == runner  # a run that silently fell back to another runner fails
-    assert (result["compilation"] == "eager") == count_layer_calls
+    assert (result["compilation"] == "eager") == (eager is not None)
     return result
 
 

