@@ -4,11 +4,13 @@ Nothing here is specific to the plugin: with it installed, vLLM's ``method: mtp`
 drafter; with ``MTP_PLUGIN=off`` vLLM's own class serves. Run it both ways and compare:
 
     vllm-mtp build-tiny /tmp/trained --mode trained
-    python examples/plain_llm.py /tmp/trained -k 2 > plugin.json
-    MTP_PLUGIN=off python examples/plain_llm.py /tmp/trained -k 2 > in-tree.json
+    python examples/plain_llm.py /tmp/trained -k 2 --out plugin.json
+    MTP_PLUGIN=off python examples/plain_llm.py /tmp/trained -k 2 --out in-tree.json
     diff plugin.json in-tree.json && echo "same tokens, same counters"
 
-It prints greedy token ids per prompt and vLLM's speculative-decoding counters as JSON.
+It writes greedy token ids per prompt and vLLM's speculative-decoding counters as JSON (vLLM's
+log shares standard output). On a machine where other processes hold memory, vLLM's CPU default
+(92 % of memory) refuses to start: set ``VLLM_CPU_KVCACHE_SPACE`` (GiB), e.g. 2.
 """
 
 import argparse
@@ -23,6 +25,7 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--out", required=True, help="JSON file to write")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -36,8 +39,9 @@ def main() -> None:
         if metric.name.startswith("vllm:spec_decode"):
             name = metric.name.removeprefix("vllm:spec_decode_")
             counters[name] = getattr(metric, "values", None) or metric.value
-    print(json.dumps({"token_ids": [list(o.outputs[0].token_ids) for o in outputs],
-                      "spec_decode": counters}, indent=1))
+    with open(args.out, "w") as f:
+        json.dump({"token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+                   "spec_decode": counters}, f, indent=1)
 
 
 if __name__ == "__main__":
