@@ -14,6 +14,7 @@ import logging
 import pytest
 import torch
 
+from support.hardware import needs_cpu
 from vllm_mtp_plugin import mla_verify, patches
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 
@@ -195,23 +196,27 @@ ANNOUNCED = "mla_verify_as_decode: CPU_MLA verifies up to {} query tokens per re
 
 
 @functools.cache
-def _engine(model, k, patched, prompts, tmp):
-    """fp32 (CPU_MLA), compiled, two requests at a time: the others wait and start prefilling
-    while the first ones verify (mixed batches)."""
-    log = f"{tmp}/engine-{abs(hash((model, k, patched)))}.log"
+def _engine(model, k, patched, prompts, tmp, dtype="float32"):
+    """Compiled, two requests at a time: the others wait and start prefilling while the first
+    ones verify (mixed batches). fp32 runs CPU_MLA; bf16 runs AMX_MLA where the CPU has AMX."""
+    log = f"{tmp}/engine-{abs(hash((model, k, patched, dtype)))}.log"
     result = run_config(OfflineConfig(str(model), k, "plugin", list(prompts), MAX_TOKENS,
-                                      llm_kwargs={"dtype": "float32", "max_num_seqs": 2}),
+                                      llm_kwargs={"dtype": dtype, "max_num_seqs": 2}),
                         log_path=log, env={"VLLM_MTP_MLA_VERIFY": "1" if patched else "0"})
     assert result["compilation"] != "eager"
     text = open(log).read()
-    result["announced"] = [k for k in range(1, 5) if ANNOUNCED.format(k + 1) in text]
+    backend = "AMX_MLA" if dtype == "bfloat16" else "CPU_MLA"
+    assert f"Using {backend} backend" in text
+    result["announced"] = [k for k in range(1, 5)
+                           if ANNOUNCED.replace("CPU_MLA", backend).format(k + 1) in text]
     return result
 
 
 @pytest.fixture(scope="module")
 def engine(prompts, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mla-verify")
-    return lambda model, k, patched=True: _engine(model, k, patched, tuple(prompts), tmp)
+    return lambda model, k, patched=True, dtype="float32": _engine(
+        model, k, patched, tuple(prompts), tmp, dtype)
 
 
 def same_target(one, two) -> bool:
@@ -244,3 +249,14 @@ def test_verification_through_the_decode_kernel_keeps_every_token(checkpoints, e
     a, b = ours["spec_decode"], vllms["spec_decode"]
     assert abs(a["num_drafts"] - b["num_drafts"]) <= 1, (a, b)
     assert abs(a["num_accepted_tokens"] - b["num_accepted_tokens"]) <= 3, (a, b)
+
+
+@needs_cpu("amx_tile", "amx_bf16", part="vLLM's AMX_MLA backend")
+def test_amx_mla_verification_through_its_decode_kernel_keeps_every_token(checkpoints, engine):
+    """bf16 engines on AMX_MLA: k = 3 through the decode kernel gives the tokens of k = 0."""
+    one = checkpoints("noisy", acceptance=0.6)
+    baseline = engine(one, 0, dtype="bfloat16")
+    result = engine(one, 3, dtype="bfloat16")
+    assert baseline["announced"] == [] and result["announced"] == [3]
+    assert result["token_ids"] == baseline["token_ids"]
+    assert result["spec_decode"]["num_accepted_tokens"] > 0

@@ -177,7 +177,7 @@ print(patches.apply_register_patches())
         "check_mtp_checkpoint": "applied", "expand_kernel_on_cpu": "applied",
         "top_k_on_empty_batch": "applied", "rotary_embedding_per_head_on_cpu": "applied",
         "skip_unloadable_aot_cache": "applied",
-        "v4_cpu_tile_scheduler_keys": "applied"})
+        "v4_cpu_tile_scheduler_keys": "applied", "mla_verify_as_decode": "applied"})
 
 
 def test_register_never_raises_into_vllm(monkeypatch):

@@ -18,9 +18,13 @@ the prefill path in the same batch; a prompt of at most k + 1 tokens is a decode
 same causal lengths. Without a speculative config vLLM leaves the threshold at 1 and every decode
 row is one request, as before: nothing changes.
 
-``AMX_MLA`` has the same ``SINGLE_ONLY`` builder (``amx_mla.py``: ``AMXMLAMetadataBuilder`` sets no
-``query_len_support``), but its prefill path is already weight-absorbed (the ``extend`` kernel over
-the latent cache, no up-projection); it is left as vLLM has it (see ``docs/patches.md``).
+``AMX_MLA`` (bf16, chosen where the CPU has AMX) has the same limitation: its
+``AMXMLAMetadataBuilder`` (``amx_mla.py``) sets no ``query_len_support``, so verification takes its
+prefill path, ``forward_mha`` -> ``cpu_mla_extend``. That path is weight-absorbed already (no
+``kv_b_proj`` up-projection), so less is at stake there; its decode kernel (``cpu_mla_decode``)
+reads ``req_to_token``, ``req_pool_indices`` and ``seq_lens_i64``, which its ``build`` derives from
+``decode.block_table`` and ``decode.seq_lens``: the same per-token rows reach it, and it is covered
+the same way.
 
 How to see it: serve a DeepSeek-V3 MTP model on CPU in fp32 with ``--speculative-config
 '{"method": "mtp", "num_speculative_tokens": 1}'`` and compare tokens/s with and without it

@@ -11,7 +11,8 @@ fixes, how to see the problem, when it can go.
 * ``v4_cpu_tile_scheduler_keys``: registered by ``register()`` on CPU platforms, applied when vLLM
   imports its CPU V4 attention module (``import_hooks.after_import``).
 * ``mla_verify_as_decode`` (in ``mla_verify.py``): registered by ``register()`` on CPU platforms,
-  applied when vLLM imports its CPU MLA backend: speculative verification takes the decode kernel.
+  applied when vLLM imports its CPU MLA backends (``cpu_mla``, ``amx_mla``): speculative
+  verification takes their decode kernel.
 
 Kept elsewhere, beside what they serve:
 
