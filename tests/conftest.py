@@ -1,5 +1,6 @@
 """Shared fixtures: tiny DeepSeek-V3 checkpoints built once per test session, and engine settings."""
 
+import logging
 import os
 from pathlib import Path
 
@@ -28,6 +29,19 @@ def _environment_as_the_suite_started():
     for name, value in SUITE_ENVIRONMENT.items():
         if os.environ.get(name) != value:
             os.environ[name] = value
+
+
+@pytest.fixture
+def plugin_log(caplog, monkeypatch):
+    """caplog on the plugin's logger, which vLLM's logging setup may cut off from the root
+    logger caplog listens on (``propagate``/``disabled``)."""
+    logger = logging.getLogger("vllm.vllm_mtp_plugin")
+    monkeypatch.setattr(logger, "propagate", False)
+    monkeypatch.setattr(logger, "disabled", False)
+    caplog.set_level(logging.DEBUG, logger=logger.name)
+    logger.addHandler(caplog.handler)
+    yield caplog
+    logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture(scope="session")

@@ -127,16 +127,6 @@ class _Metadata:
 # --------------------------------------------------------------------- probes and vLLM's shape
 
 
-@pytest.fixture
-def plugin_log(caplog, monkeypatch):
-    logger = logging.getLogger("vllm.vllm_mtp_plugin")
-    monkeypatch.setattr(logger, "propagate", False)
-    monkeypatch.setattr(logger, "disabled", False)
-    caplog.set_level(logging.DEBUG, logger=logger.name)
-    logger.addHandler(caplog.handler)
-    yield caplog
-    logger.removeHandler(caplog.handler)
-
 
 def test_probe_is_on_for_cpus_and_off_with_the_switch(monkeypatch):
     assert mla_verify.probe() is None

@@ -75,18 +75,6 @@ def test_precedence_survives_a_renamed_model_table(monkeypatch):
 # ------------------------------------------------- probes that must fail safe when vLLM renames
 
 
-@pytest.fixture
-def plugin_log(caplog, monkeypatch):
-    """caplog on the plugin's logger, which vLLM's logging setup may cut off from the root
-    logger caplog listens on (``propagate``/``disabled``)."""
-    logger = logging.getLogger("vllm.vllm_mtp_plugin")
-    monkeypatch.setattr(logger, "propagate", False)
-    monkeypatch.setattr(logger, "disabled", False)
-    caplog.set_level(logging.DEBUG, logger=logger.name)
-    logger.addHandler(caplog.handler)
-    yield caplog
-    logger.removeHandler(caplog.handler)
-
 
 def plugin_records(caplog, level: int | None = None) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "vllm.vllm_mtp_plugin"
