@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Reproduce the figures in benchmarks/README.md: run_readme.sh [trained] [offline] [sizes] [serve]
+# Reproduce the figures in benchmarks/README.md:
+#   run_readme.sh [trained] [verify] [verify_trained] [offline] [sizes] [serve]
 # (trained: ~20 minutes on 2 cores; all without arguments). Run it on a quiet machine:
 # every result row records the CPU time other processes used meanwhile.
 set -euo pipefail
@@ -12,6 +13,18 @@ trained() {  # the headline: the trained tiny DeepSeek, code/prose/chat, greedy 
     $BENCH offline -m trained -k 0 1 2 3 --impl plugin in-tree --temperature 0 1 \
         --num-prompts 4 --max-tokens 64 --repeats 1 --processes 2 \
         --out "$OUT/trained" --log-dir "$LOGS/trained"
+}
+
+verify() {  # verification before/after mla_verify_as_decode, next to its floor, benchmark preset
+    $BENCH offline -m bench:noisy:0.8 -k 0 1 2 3 --impl plugin in-tree --mla-verify on off \
+        --num-prompts 4 --max-tokens 64 --repeats 2 --processes 1 \
+        --out "$OUT/verify" --log-dir "$LOGS/verify"
+}
+
+verify_trained() {  # the same on the trained tiny DeepSeek (its prompts as one set)
+    $BENCH offline -m trained -k 0 1 2 3 --impl plugin in-tree --mla-verify on off \
+        --no-split-kinds --num-prompts 4 --max-tokens 64 --repeats 2 --processes 1 \
+        --out "$OUT/verify-trained" --log-dir "$LOGS/verify-trained"
 }
 
 offline() {  # plugin vs vLLM's in-tree class, k = 0..3, benchmark preset, drafter right 80 %
@@ -32,6 +45,6 @@ serve() {  # OpenAI API at concurrency 1 and 4, cross-checked with vllm bench se
         --out "$OUT/serve" --log-dir "$LOGS/serve"
 }
 
-for part in "${@:-trained offline sizes serve}"; do
+for part in "${@:-trained verify verify_trained offline sizes serve}"; do
     for p in $part; do "$p"; done
 done

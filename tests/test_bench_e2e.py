@@ -23,7 +23,7 @@ def offline(tmp_path_factory):
 
 def test_offline_rows_and_fields(offline):
     out, data = offline
-    rows = {(r["impl"], r["k"]): r for r in data["results"]}
+    rows = {(r["impl"], r["k"]): r for r in data["results"] if not r["floor_only"]}
     assert sorted(rows) == [("in-tree", 0), ("in-tree", 2), ("plugin", 0), ("plugin", 2)]
     for row in rows.values():
         assert all(field in row for field in ROW_FIELDS), row.keys()
@@ -34,8 +34,27 @@ def test_offline_rows_and_fields(offline):
     for name in ("table.md", "per_position_acceptance.png", "speedup_vs_k.png",
                  "plugin_vs_in_tree.png"):
         assert (out / name).stat().st_size > 0
-    table = (out / "table.md").read_text()
-    assert table.startswith("Engines: eager.\n") and table.count("\n") == 2 + 2 + 4
+    table, floor = (out / "table.md").read_text().split("\n\nmachine: ")
+    assert table.startswith("Engines: eager.\n") and table.count("\n") == 2 + 2 + 5
+    assert "| tiny-oracle | plugin | all (floor) | 0 | 0 | 3 |" in table
+    assert floor.startswith(data["environment"]["cpu"]) and floor.count("| tiny-oracle |") == 2
+
+
+def test_floor_is_a_full_batch_of_k_plus_1_rows(offline):
+    """k = 2 at concurrency 1: the floor is a k = 0 engine with 3 requests in flight (the 2
+    prompts repeated), every decode step 3 rows; both k = 2 rows are measured against it."""
+    _, data = offline
+    (floor,) = [r for r in data["results"] if r["floor_only"]]
+    assert (floor["k"], floor["concurrency"], floor["num_prompts"]) == (0, 3, 3)
+    assert all(run["output_tokens"] == 3 * 12 for run in floor["runs"])
+    assert floor["steps"]["tokens_per_step"] == 3
+    for row in (r for r in data["results"] if r["k"] == 2):
+        assert row["floor_rows"] == 3 and row["mla_verify"] == "on"
+        assert row["floor_ratio"] == pytest.approx(
+            floor["steps"]["step_ms"] / row["baseline"]["step_ms"])
+        assert row["verify_over_floor"] == pytest.approx(
+            row["steps"]["target_ms"] / floor["steps"]["step_ms"])
+        assert row["payoff_bound"] == pytest.approx(3 / row["break_even_acceptance_length"])
 
 
 def test_oracle_checkpoint_accepts_everything(offline):
@@ -43,6 +62,8 @@ def test_oracle_checkpoint_accepts_everything(offline):
     for row in data["results"]:
         if row["k"] == 0:
             assert row["acceptance_rate"] is None
+            if row["floor_only"]:
+                continue
             assert row["speedup"] == pytest.approx(row["output_tok_s"]
                                                    / row["baseline"]["output_tok_s"])
             assert row["baseline"]["processes"] == 2  # plugin and in-tree k=0 pooled
@@ -100,8 +121,8 @@ def test_trained_model_compiled_by_prompt_kind_and_temperature(tmp_path, monkeyp
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))  # shared by the engines
     code = main(["offline", "-m", "trained", "-k", "2", "--impl", "plugin", "in-tree",
                  "--temperature", "0", "1", "--num-prompts", "2", "--max-tokens", "16",
-                 "--repeats", "1", "--processes", "1", "--cache-dir", str(tmp_path / "cache"),
-                 "--out", str(tmp_path), "--no-plots"])
+                 "--repeats", "1", "--processes", "1", "--no-floor",
+                 "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path), "--no-plots"])
     assert code == 0
     rows = json.loads((tmp_path / "results.json").read_text())["results"]
     by_key = {(r["impl"], r["k"], r["prompts"], r["temperature"]): r for r in rows}

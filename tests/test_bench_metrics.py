@@ -132,8 +132,8 @@ def test_k0_baseline_is_pooled_over_implementations():
     spec = _row("plugin", 3, 45.0, 3.0, {"draft_ms": 18.0, "target_ms": 50.0})
     rows = analysis.add_derived([plugin0, tree0, spec])
     base = rows[2]["baseline"]
-    assert base == {"output_tok_s": 32.5, "step_ms": 30.5, "processes": 6,
-                    "impls": ["plugin", "in-tree"]}
+    assert base == {"output_tok_s": 32.5, "step_ms": 30.5, "tokens_per_step": None,
+                    "processes": 6, "impls": ["plugin", "in-tree"]}
     assert rows[0]["speedup"] == pytest.approx(33 / 32.5)  # off 1.0 by the noise only
     assert rows[1]["speedup"] == pytest.approx(26 / 32.5)
     assert rows[2]["speedup"] == pytest.approx(45 / 32.5)

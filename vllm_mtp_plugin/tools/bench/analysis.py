@@ -7,6 +7,14 @@ and a draft step cost ``c * T0``, the speed-up would be ``tau / (1 + k * c)``: t
 ``c`` is measured inside the engine (``steptimer``): the median drafting time per step divided by
 ``k`` and by ``T0``. What the bound leaves out shows up as ``measured / ideal < 1``; the largest
 part is usually verification costing more than a decode step (``verify_cost_ratio``, reported too).
+
+The floor. Verifying k + 1 tokens of a request cannot cost less than a decode step with k + 1 rows
+per request: the same weights read, k + 1 times the attention rows. The sweep's ``floor`` measures
+that step (k = 0 with (k + 1) * c requests in flight, its decode steps full); ``floor_ratio`` is its
+time in decode steps of c rows, ``verify_over_floor`` what verification costs against it. On a
+machine where ``floor_ratio + k * c`` (the acceptance length at which speculation breaks even with
+verification at the floor) reaches k + 1, no drafter can make speculation pay off at that k:
+``payoff_bound`` = (k + 1) / (floor_ratio + k * c) is the best speed-up perfect drafts could give.
 """
 
 from __future__ import annotations
@@ -73,7 +81,10 @@ def _key(row: dict, *fields: str) -> tuple:
 
 
 BASELINE_KEY = ("mode", "checkpoint", "concurrency", "prompts", "temperature")
-SAME_CONFIG_KEY = (*BASELINE_KEY, "k")
+SAME_CONFIG_KEY = (*BASELINE_KEY, "k", "mla_verify")
+DERIVED = ("draft_cost_ratio", "verify_cost_ratio", "ideal_speedup", "measured_over_ideal",
+           "floor_ratio", "floor_rows", "verify_over_floor", "break_even_acceptance_length",
+           "payoff_bound")
 
 
 def baselines(rows: list[dict]) -> dict[tuple, dict]:
@@ -89,14 +100,27 @@ def baselines(rows: list[dict]) -> dict[tuple, dict]:
         if row.get("k") != 0:
             continue
         base = pooled.setdefault(_key(row, *BASELINE_KEY),
-                                 {"tok_s": [], "step_ms": [], "impls": []})
+                                 {"tok_s": [], "step_ms": [], "rows": [], "impls": []})
         base["impls"].append(row.get("impl"))
         base["tok_s"] += row.get("output_tok_s_processes") or [row.get("output_tok_s")]
         steps = row.get("steps_processes") or [row.get("steps") or {}]
         base["step_ms"] += [s.get("step_ms") for s in steps]
+        base["rows"] += [s.get("tokens_per_step") for s in steps]
     return {key: {"output_tok_s": median(b["tok_s"]), "step_ms": median(b["step_ms"]),
+                  "tokens_per_step": median(b["rows"]),
                   "processes": len(b["tok_s"]), "impls": b["impls"]}
             for key, b in pooled.items()}
+
+
+def floor_of(bases: dict[tuple, dict], row: dict) -> dict | None:
+    """The k = 0 baseline with (k + 1) * c rows in flight for ``row``, if measured with its
+    decode steps full (a pass with fewer prompts than rows never fills the batch)."""
+    rows = (row["k"] + 1) * row["concurrency"]
+    key = _key({**row, "concurrency": rows}, *BASELINE_KEY)
+    floor = bases.get(key)
+    if floor and floor.get("step_ms") and floor.get("tokens_per_step") == rows:
+        return floor
+    return None
 
 
 def add_derived(rows: list[dict]) -> list[dict]:
@@ -114,8 +138,7 @@ def add_derived(rows: list[dict]) -> list[dict]:
         row["vs_in_tree"] = (row["output_tok_s"] / other["output_tok_s"]
                              if other and row.get("impl") != "in-tree"
                              and other.get("output_tok_s") and row.get("output_tok_s") else None)
-        for name in ("draft_cost_ratio", "verify_cost_ratio", "ideal_speedup",
-                     "measured_over_ideal"):
+        for name in DERIVED:
             row[name] = None
         k, tau = row.get("k"), row.get("mean_acceptance_length")
         t0 = (base or {}).get("step_ms")
@@ -128,6 +151,13 @@ def add_derived(rows: list[dict]) -> list[dict]:
             row["ideal_speedup"] = ideal_speedup(tau, k, row["draft_cost_ratio"])
             if row["speedup"] is not None:
                 row["measured_over_ideal"] = row["speedup"] / row["ideal_speedup"]
+            floor = floor_of(bases, row)
+            if floor:
+                row["floor_rows"] = floor["tokens_per_step"]
+                row["floor_ratio"] = floor["step_ms"] / t0
+                row["verify_over_floor"] = steps["target_ms"] / floor["step_ms"]
+                row["break_even_acceptance_length"] = row["floor_ratio"] + k * row["draft_cost_ratio"]
+                row["payoff_bound"] = (k + 1) / row["break_even_acceptance_length"]
     return rows
 
 

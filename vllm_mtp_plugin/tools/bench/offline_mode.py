@@ -20,7 +20,27 @@ from .interference import Meter
 from .sweep import Config, Sweep
 
 
+def filled(passes: list[dict], rows: int) -> list[dict]:
+    """The passes with their prompts (and per-prompt sampling) repeated to ``rows`` requests, so
+    that a floor configuration keeps its batch full."""
+    def repeat(items):
+        return [items[i % len(items)] for i in range(max(rows, len(items)))]
+
+    return [{**p, "prompts": repeat(p["prompts"]),
+             **({"sampling": repeat(p["sampling"])} if isinstance(p.get("sampling"), list) else {})}
+            for p in passes]
+
+
+def mla_verify_env(config: Config) -> dict[str, str]:
+    """The child's switch for the plugin's ``mla_verify_as_decode`` patch (``mla_verify.py``)."""
+    from ...mla_verify import SWITCH
+
+    return {SWITCH: "0"} if config.mla_verify == "off" else {}
+
+
 def offline_config(sweep: Sweep, ckpt: Checkpoint, config: Config, passes: list[dict]):
+    if config.fill:
+        passes = filled(passes, config.concurrency)
     return OfflineConfig(
         model=str(ckpt.path), num_speculative_tokens=config.k, impl=config.impl,
         prompts=passes[0]["prompts"], passes=passes,
@@ -38,7 +58,7 @@ def run_process(sweep: Sweep, ckpt: Checkpoint, config: Config, passes: list[dic
     """One engine process for ``config``: its report plus the interference during it."""
     with Meter() as meter:
         result = run_config(offline_config(sweep, ckpt, config, passes), timeout=sweep.timeout,
-                            log_path=str(log_path))
+                            log_path=str(log_path), env=mla_verify_env(config))
     result["interference"] = meter.result()
     result["log"] = str(log_path)
     return result
@@ -69,7 +89,9 @@ def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, measured: dict,
     row = {
         "mode": "offline", "checkpoint": ckpt.label, "checkpoint_path": str(ckpt.path),
         "parameters": ckpt.parameters, "impl": config.impl, "k": config.k,
-        "concurrency": config.concurrency, **measured["label"], "num_prompts": len(prompts),
+        "concurrency": config.concurrency, **measured["label"],
+        "num_prompts": max(len(prompts), config.concurrency) if config.fill else len(prompts),
+        "mla_verify": config.mla_verify, "floor_only": config.fill,
         "compilation": sweep.compilation,
         "max_tokens": sweep.max_tokens, "repeats": sweep.repeats, "processes": len(results),
         "init_seconds": [r.get("init_seconds") for r in results],
@@ -94,7 +116,9 @@ def run_offline(sweep: Sweep, checkpoints: dict[str, Checkpoint], passes: list[d
             on_start(f"{config.label()} process {round_ + 1}/{sweep.processes}")
             ckpt = checkpoints[config.checkpoint]
             log_path = log_dir / (f"offline-{ckpt.label}-{config.impl}-k{config.k}"
-                                  f"-c{config.concurrency}-p{round_}.log")
+                                  f"-c{config.concurrency}"
+                                  f"{'-verify-off' if config.mla_verify == 'off' else ''}"
+                                  f"-p{round_}.log")
             results[config].append(run_process(sweep, ckpt, config, passes, log_path))
             on_done()
     return [make_row(sweep, checkpoints[c.checkpoint], c, measured, results[c])

@@ -34,12 +34,17 @@ def _tok_s(r: dict) -> str:
     return text
 
 
+def _impl(r: dict) -> str:
+    return r["impl"] + (" (verify off)" if r.get("mla_verify") == "off" else "")
+
+
 def table_rows(rows: list[dict]) -> list[list[str]]:
     out = []
     for r in rows:
         per_pos = r.get("per_position_acceptance") or []
         out.append([
-            r["checkpoint"], r["impl"], str(r.get("prompts") or "all"),
+            r["checkpoint"], _impl(r), str(r.get("prompts") or "all")
+            + (" (floor)" if r.get("floor_only") else ""),
             _num(r.get("temperature"), "{:g}"), str(r["k"]), str(r["concurrency"]),
             _tok_s(r), _num(r.get("speedup"), "{:.2f}×"),
             _num(r.get("ideal_speedup"), "{:.2f}×"), _num(r.get("measured_over_ideal")),
@@ -58,6 +63,49 @@ def markdown_table(rows: list[dict]) -> str:
     lines = [f"Engines: {', '.join(modes)}.", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
+    return "\n".join(lines)
+
+
+def machine_line(env: dict) -> str:
+    """The machine a run measured, with the CPU flags its speed depends on."""
+    flags = " ".join(env.get("cpu_flags") or []) or "none of the listed"
+    missing = " ".join(env.get("cpu_flags_missing") or [])
+    return (f"machine: {env.get('cpu')}, {env.get('cpus')} CPUs; flags: {flags}"
+            + (f" (without {missing})" if missing else "")
+            + f"; vLLM kernels {env.get('vllm_kernels')}; vLLM {env.get('vllm')}, "
+              f"torch {env.get('torch')}")
+
+
+def floor_text(rows: list[dict], env: dict) -> str:
+    """The verification floor and whether speculation can pay off on this machine, per k.
+
+    One line per speculative row that has a floor: what verifying costs (in decode steps of the
+    row's concurrency) with and without the mla_verify patch, the floor (a decode step with
+    k + 1 rows per request), the drafting cost, the acceptance length at which speculation breaks
+    even with verification at the floor, and the best speed-up perfect drafts could give here."""
+    spec = [r for r in rows if r.get("k") and r.get("floor_ratio") is not None]
+    if not spec:
+        return ""
+    lines = [machine_line(env), "",
+             "| checkpoint | impl | prompts | T | c | k | mla-verify | floor: k+1 rows "
+             "(decode steps) | verify (decode steps) | verify / floor | draft c | "
+             "break-even accept len | accept len | best possible speed-up | speed-up |",
+             "|" + "---|" * 15]
+    for r in spec:
+        lines.append("| " + " | ".join([
+            r["checkpoint"], r["impl"], str(r.get("prompts") or "all"),
+            _num(r.get("temperature"), "{:g}"), str(r["concurrency"]), str(r["k"]),
+            r.get("mla_verify") or "on", _num(r["floor_ratio"]), _num(r.get("verify_cost_ratio")),
+            _num(r.get("verify_over_floor")), _num(r.get("draft_cost_ratio")),
+            _num(r.get("break_even_acceptance_length")), _num(r.get("mean_acceptance_length")),
+            _num(r.get("payoff_bound"), "{:.2f}×"), _num(r.get("speedup"), "{:.2f}×")]) + " |")
+    best = max(spec, key=lambda r: r["payoff_bound"])
+    verdict = ("speculation can pay off on this machine" if best["payoff_bound"] > 1 else
+               "speculation cannot pay off on this machine, whatever the drafter")
+    lines += ["", f"{verdict}: at best {best['payoff_bound']:.2f}× (k = {best['k']}, "
+                  f"c = {best['concurrency']}, with every draft accepted and verification at the "
+                  f"floor); it breaks even where the acceptance length exceeds "
+                  f"{best['break_even_acceptance_length']:.2f}."]
     return "\n".join(lines)
 
 
@@ -110,8 +158,8 @@ def write_json(path: Path, settings: dict, rows: list[dict], environment: dict) 
     return path
 
 
-_PREFIX = {"concurrency": "c=", "temperature": "T="}
-SERIES_FIELDS = ("checkpoint", "impl", "concurrency", "prompts", "temperature")
+_PREFIX = {"concurrency": "c=", "temperature": "T=", "mla_verify": "mla-verify="}
+SERIES_FIELDS = ("checkpoint", "impl", "concurrency", "prompts", "temperature", "mla_verify")
 
 
 def _series_label(r: dict, varying: list[str]) -> str:
@@ -140,6 +188,7 @@ def plot_all(rows: list[dict], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
+    rows = [r for r in rows if not r.get("floor_only")]  # in the floor table, not the plots
     varying = _varying(rows)
     series: dict[str, list[dict]] = {}
     for r in rows:

@@ -6,6 +6,12 @@ concurrency (serve mode: requests in flight; offline mode: the engine's ``max_nu
 Within one engine, each configuration is measured in passes: one per prompt kind (records of the
 prompt file with a ``kind``) and sampling temperature; each pass gives a row of its own.
 
+Two more axes serve the verification floor (offline mode): ``mla_verify`` runs speculative
+configurations with the plugin's ``mla_verify_as_decode`` patch on and/or off (``VLLM_MTP_MLA_VERIFY``:
+before/after in one run), and ``floor`` adds, for every k > 0 and concurrency c, a k = 0
+configuration with (k + 1) * c requests in flight, its prompts repeated to fill the batch: the cost
+of a decode step with k + 1 rows per request, the least a verification of k + 1 tokens can cost.
+
 Engines run in vLLM's default compilation mode (what every user runs) unless ``eager``.
 """
 
@@ -27,9 +33,15 @@ class Config:
     impl: str
     k: int
     concurrency: int
+    # "on": the plugin's mla_verify_as_decode patch as shipped; "off": VLLM_MTP_MLA_VERIFY=0.
+    mla_verify: str = "on"
+    # A floor configuration: the pass's prompts are repeated until ``concurrency`` are in flight.
+    fill: bool = False
 
     def label(self) -> str:
-        return f"{self.checkpoint} {self.impl} k={self.k} c={self.concurrency}"
+        extra = (" mla-verify=off" if self.mla_verify == "off" else "") + (
+            " (floor)" if self.fill else "")
+        return f"{self.checkpoint} {self.impl} k={self.k} c={self.concurrency}{extra}"
 
 
 @dataclasses.dataclass
@@ -40,6 +52,9 @@ class Sweep:
     ks: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2, 3])
     concurrencies: list[int] = dataclasses.field(default_factory=lambda: [1])
     temperatures: list[float] = dataclasses.field(default_factory=lambda: [0.0])
+    mla_verify: list[str] = dataclasses.field(default_factory=lambda: ["on"])
+    # Offline mode: measure the verification floor (k = 0 with (k + 1) * c rows) for every k > 0.
+    floor: bool = False
     prompts: str | None = None
     # Split the prompt file by its records' ``kind`` field, one pass and row per kind.
     by_kind: bool = True
@@ -70,6 +85,11 @@ class Sweep:
             raise ValueError("repeats and processes must be >= 1")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ValueError("temperatures must be >= 0")
+        if not self.mla_verify or set(self.mla_verify) - {"on", "off"}:
+            raise ValueError("mla_verify takes 'on' and/or 'off'")
+        if self.floor and self.mode != "offline":
+            raise ValueError("the verification floor is measured in offline mode (it needs the "
+                             "engine's step timings)")
 
     @property
     def compilation(self) -> str:
@@ -88,10 +108,27 @@ class Sweep:
                 for kind, prompts in prompt_groups.items() for t in self.temperatures]
 
     def configs(self) -> list[Config]:
-        """Every configuration, grouped so that one serve-mode server covers all concurrencies."""
-        return [Config(*c) for c in itertools.product(
-            self.checkpoints, self.impls, self.ks, self.concurrencies)
-            if c[1] in self.impls_for.get(c[0], self.impls)]
+        """Every configuration, grouped so that one serve-mode server covers all concurrencies.
+
+        k = 0 runs once, with the patch as shipped (without speculation it changes nothing); the
+        floor configurations follow the sweep's own, skipping any the sweep already measures with
+        enough prompts to fill the batch."""
+        configs = [Config(ckpt, impl, k, c, verify)
+                   for ckpt, impl, k, c, verify in itertools.product(
+                       self.checkpoints, self.impls, self.ks, self.concurrencies, self.mla_verify)
+                   if impl in self.impls_for.get(ckpt, self.impls)
+                   and (k or verify == self.mla_verify[0])]
+        if not self.floor:
+            return configs
+        measured = {(c.checkpoint, c.concurrency) for c in configs
+                    if c.k == 0 and c.concurrency <= self.num_prompts}
+        for ckpt in self.checkpoints:
+            impl = self.impls_for.get(ckpt, self.impls)[0]
+            for rows in sorted({(k + 1) * c for k in self.ks if k for c in self.concurrencies}):
+                if (ckpt, rows) not in measured:
+                    configs.append(Config(ckpt, impl, 0, rows, self.mla_verify[0], fill=True))
+                    measured.add((ckpt, rows))
+        return configs
 
     def settings(self) -> dict:
         d = dataclasses.asdict(self)

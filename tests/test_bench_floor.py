@@ -1,0 +1,95 @@
+"""The benchmark's verification floor and its before/after axis for ``mla_verify_as_decode``:
+which configurations a sweep adds, how the floor figures are derived, and what the report says."""
+
+import pytest
+import torch
+
+from vllm_mtp_plugin.mla_verify import SWITCH
+from vllm_mtp_plugin.tools import cpu_features
+from vllm_mtp_plugin.tools.bench import analysis, report
+from vllm_mtp_plugin.tools.bench.offline_mode import filled, mla_verify_env
+from vllm_mtp_plugin.tools.bench.serve_mode import server_env
+from vllm_mtp_plugin.tools.bench.sweep import Config, Sweep
+
+
+def test_floor_configs_follow_the_sweep():
+    sweep = Sweep(ks=[0, 1, 3], impls=["plugin", "in-tree"], concurrencies=[1, 2],
+                  mla_verify=["on", "off"], floor=True, num_prompts=4, checkpoints=["x"])
+    configs = sweep.configs()
+    # k = 0 once (the patch changes nothing without speculation), k > 0 with the patch on and off
+    assert [c for c in configs if c.k == 0 and not c.fill] == [
+        Config("x", impl, 0, c) for impl in ("plugin", "in-tree") for c in (1, 2)]
+    assert len([c for c in configs if c.k]) == 2 * 2 * 2 * 2
+    # floors: (k + 1) * c rows for k in {1, 3}, c in {1, 2}: 2, 4 and 8 rows; the sweep's own
+    # k = 0 at c = 2 (4 prompts) is the 2-row floor, so 4 and 8 are added (8: prompts repeated)
+    floors = [c for c in configs if c.fill]
+    assert floors == [Config("x", "plugin", 0, 4, fill=True), Config("x", "plugin", 0, 8, fill=True)]
+    assert Sweep(ks=[0, 2], floor=False, checkpoints=["x"]).configs() == [
+        Config("x", impl, k, 1) for impl in ("plugin", "in-tree") for k in (0, 2)]
+    with pytest.raises(ValueError, match="offline mode"):
+        Sweep(mode="serve", floor=True)
+    with pytest.raises(ValueError, match="mla_verify"):
+        Sweep(mla_verify=["maybe"])
+
+
+def test_floor_passes_fill_the_batch_and_the_switch_reaches_the_engine():
+    passes = [{"label": {"prompts": "code"}, "prompts": ["a", "b"],
+               "sampling": [{"seed": 0}, {"seed": 1}]},
+              {"label": {"prompts": "prose"}, "prompts": ["p"], "sampling": {"temperature": 0}}]
+    code, prose = filled(passes, 5)
+    assert code["prompts"] == ["a", "b", "a", "b", "a"] and len(code["sampling"]) == 5
+    assert prose["prompts"] == ["p"] * 5 and prose["sampling"] == {"temperature": 0}
+    assert filled(passes, 1)[0]["prompts"] == ["a", "b"]  # never fewer than the pass has
+    assert mla_verify_env(Config("x", "plugin", 2, 1, "off")) == {SWITCH: "0"}
+    assert mla_verify_env(Config("x", "plugin", 2, 1)) == {}
+    assert server_env("plugin", mla_verify="off")[SWITCH] == "0"
+    assert SWITCH not in server_env("in-tree")
+
+
+def _row(k, c, steps, tau=None, verify="on", floor_only=False):
+    return {"mode": "offline", "checkpoint": "b", "impl": "plugin", "k": k, "concurrency": c,
+            "output_tok_s": 10.0, "mean_acceptance_length": tau, "mla_verify": verify,
+            "floor_only": floor_only, "steps": steps}
+
+
+def test_floor_figures():
+    rows = analysis.add_derived([
+        _row(0, 1, {"step_ms": 100.0, "tokens_per_step": 1}),
+        _row(0, 2, {"step_ms": 130.0, "tokens_per_step": 2}, floor_only=True),
+        _row(0, 4, {"step_ms": 210.0, "tokens_per_step": 3}, floor_only=True),  # batch not full
+        _row(1, 1, {"draft_ms": 20.0, "target_ms": 143.0}, tau=1.8),
+        _row(1, 1, {"draft_ms": 20.0, "target_ms": 260.0}, tau=1.8, verify="off"),
+        _row(3, 1, {"draft_ms": 60.0, "target_ms": 300.0}, tau=2.5),
+    ])
+    on, off, k3 = rows[3:]
+    assert on["floor_rows"] == 2 and on["floor_ratio"] == pytest.approx(1.3)
+    assert on["verify_over_floor"] == pytest.approx(1.1)
+    assert off["verify_over_floor"] == pytest.approx(2.0) and off["floor_ratio"] == on["floor_ratio"]
+    # speculation breaks even at tau = floor + k * c = 1.3 + 0.2; perfect drafts give 2 / 1.5
+    assert on["break_even_acceptance_length"] == pytest.approx(1.5)
+    assert on["payoff_bound"] == pytest.approx(2 / 1.5)
+    # the 4-row floor ran 3 rows per step: no floor rather than a wrong one
+    assert k3["floor_ratio"] is None and k3["verify_over_floor"] is None
+    assert k3["verify_cost_ratio"] == pytest.approx(3.0)
+    env = {"cpu": "Some CPU", "cpus": 2, "cpu_flags": ["avx2"], "cpu_flags_missing": ["avx512f"],
+           "vllm_kernels": "_C_AVX2", "vllm": "0.32.0", "torch": "2.13.0+cpu"}
+    text = report.floor_text(rows, env)
+    assert text.startswith("machine: Some CPU, 2 CPUs; flags: avx2 (without avx512f); "
+                           "vLLM kernels _C_AVX2")
+    assert "| b | plugin | all | – | 1 | 1 | off | 1.30 | 2.60 | 2.00 | 0.20 | 1.50 | 1.80 | 1.33× |" in text
+    assert text.rstrip().endswith("exceeds 1.50.") and "can pay off on this machine" in text
+    slow = analysis.add_derived([_row(0, 1, {"step_ms": 100.0, "tokens_per_step": 1}),
+                                 _row(0, 2, {"step_ms": 190.0, "tokens_per_step": 2}),
+                                 _row(1, 1, {"draft_ms": 30.0, "target_ms": 200.0}, tau=1.9)])
+    assert "cannot pay off on this machine, whatever the drafter" in report.floor_text(slow, env)
+    assert report.floor_text(rows[:3], env) == ""  # no speculative row: nothing to say
+
+
+def test_machine_summary_names_the_kernels_vllm_loads():
+    summary = cpu_features.machine_summary()
+    assert set(summary["cpu_flags"]) | set(summary["cpu_flags_missing"]) == set(
+        cpu_features.SPEED_FLAGS)
+    expected = ("_C_AVX2" if not torch.cpu._is_avx512_supported() else
+                "_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512")
+    assert summary["vllm_kernels"] == expected
+    assert ("avx512f" in summary["cpu_flags"]) == torch.cpu._is_avx512_supported()
