@@ -39,7 +39,7 @@ def test_floor_passes_fill_the_batch_and_the_switch_reaches_the_engine():
     code, prose = filled(passes, 5)
     assert code["prompts"] == ["a", "b", "a", "b", "a"] and len(code["sampling"]) == 5
     assert prose["prompts"] == ["p"] * 5 and prose["sampling"] == {"temperature": 0}
-    assert filled(passes, 1)[0]["prompts"] == ["a", "b"]  # never fewer than the pass has
+    assert filled(passes, 1)[0]["prompts"] == ["a"]  # a third request would run alone
     assert mla_verify_env(Config("x", "plugin", 2, 1, "off")) == {SWITCH: "0"}
     assert mla_verify_env(Config("x", "plugin", 2, 1)) == {}
     assert server_env("plugin", mla_verify="off")[SWITCH] == "0"

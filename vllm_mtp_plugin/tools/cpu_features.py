@@ -110,7 +110,7 @@ def machine_summary() -> dict:
     have = host_cpu_flags()
     return {"cpu_flags": [flag for flag in SPEED_FLAGS if flag in have],
             "cpu_flags_missing": [flag for flag in SPEED_FLAGS if flag not in have],
-            "vllm_kernels": kernel_build()}
+            "vllm_kernels": kernel_build(), "avx512_hidden": avx512_hidden()}
 
 
 def hide_avx512() -> None:

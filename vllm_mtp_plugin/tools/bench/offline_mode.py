@@ -21,10 +21,11 @@ from .sweep import Config, Sweep
 
 
 def filled(passes: list[dict], rows: int) -> list[dict]:
-    """The passes with their prompts (and per-prompt sampling) repeated to ``rows`` requests, so
-    that a floor configuration keeps its batch full."""
+    """The passes with exactly ``rows`` requests (prompts and per-prompt sampling cycled or cut),
+    so that every decode step of a floor configuration holds ``rows`` requests: a request more
+    would run alone after the others."""
     def repeat(items):
-        return [items[i % len(items)] for i in range(max(rows, len(items)))]
+        return [items[i % len(items)] for i in range(rows)]
 
     return [{**p, "prompts": repeat(p["prompts"]),
              **({"sampling": repeat(p["sampling"])} if isinstance(p.get("sampling"), list) else {})}
@@ -90,7 +91,7 @@ def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, measured: dict,
         "mode": "offline", "checkpoint": ckpt.label, "checkpoint_path": str(ckpt.path),
         "parameters": ckpt.parameters, "impl": config.impl, "k": config.k,
         "concurrency": config.concurrency, **measured["label"],
-        "num_prompts": max(len(prompts), config.concurrency) if config.fill else len(prompts),
+        "num_prompts": config.concurrency if config.fill else len(prompts),
         "mla_verify": config.mla_verify, "floor_only": config.fill,
         "compilation": sweep.compilation,
         "max_tokens": sweep.max_tokens, "repeats": sweep.repeats, "processes": len(results),

@@ -70,8 +70,9 @@ def machine_line(env: dict) -> str:
     """The machine a run measured, with the CPU flags its speed depends on."""
     flags = " ".join(env.get("cpu_flags") or []) or "none of the listed"
     missing = " ".join(env.get("cpu_flags_missing") or [])
+    hidden = " hidden by MTP_TEST_HIDE_AVX512=1" if env.get("avx512_hidden") else ""
     return (f"machine: {env.get('cpu')}, {env.get('cpus')} CPUs; flags: {flags}"
-            + (f" (without {missing})" if missing else "")
+            + (f" (without {missing}{hidden})" if missing else "")
             + f"; vLLM kernels {env.get('vllm_kernels')}; vLLM {env.get('vllm')}, "
               f"torch {env.get('torch')}")
 

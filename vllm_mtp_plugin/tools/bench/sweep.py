@@ -112,7 +112,7 @@ class Sweep:
 
         k = 0 runs once, with the patch as shipped (without speculation it changes nothing); the
         floor configurations follow the sweep's own, skipping any the sweep already measures with
-        enough prompts to fill the batch."""
+        full batches throughout (a multiple of c prompts)."""
         configs = [Config(ckpt, impl, k, c, verify)
                    for ckpt, impl, k, c, verify in itertools.product(
                        self.checkpoints, self.impls, self.ks, self.concurrencies, self.mla_verify)
@@ -120,8 +120,8 @@ class Sweep:
                    and (k or verify == self.mla_verify[0])]
         if not self.floor:
             return configs
-        measured = {(c.checkpoint, c.concurrency) for c in configs
-                    if c.k == 0 and c.concurrency <= self.num_prompts}
+        measured = {(c.checkpoint, c.concurrency) for c in configs  # full batches throughout
+                    if c.k == 0 and self.num_prompts % c.concurrency == 0}
         for ckpt in self.checkpoints:
             impl = self.impls_for.get(ckpt, self.impls)[0]
             for rows in sorted({(k + 1) * c for k in self.ks if k for c in self.concurrencies}):
