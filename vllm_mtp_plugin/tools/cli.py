@@ -9,6 +9,7 @@
 ``vllm-mtp graft SOURCE TARGET --out DIR``  give TARGET the MTP layer(s) of SOURCE.
 ``vllm-mtp train TARGET --out DIR``  train TARGET's MTP layer(s) on its own outputs, then export.
 ``vllm-mtp bench``       acceptance and throughput benchmark (``vllm-mtp bench --help``).
+``vllm-mtp tune MODEL``  the num_speculative_tokens per batch size that serves fastest here.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ COMMANDS = {
     "train": lambda argv: __import__("vllm_mtp_plugin.tools.train.cli",
                                      fromlist=["main"]).main(argv),
     "bench": lambda argv: __import__("vllm_mtp_plugin.tools.bench.cli", fromlist=["main"]).main(argv),
+    "tune": lambda argv: __import__("vllm_mtp_plugin.tools.tune.cli", fromlist=["main"]).main(argv),
 }
 
 

@@ -1,0 +1,46 @@
+"""``vllm-mtp tune`` end to end on a tiny checkpoint: real engines (vLLM's default compilation), a
+tune.json that vLLM's validator accepts, measurements that add up, the printed configuration."""
+
+import json
+
+import pytest
+
+from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+from vllm_mtp_plugin.tools.cli import main
+
+
+def test_tune_measures_every_k_and_concurrency_and_writes_vllms_schedule(checkpoints, tmp_path,
+                                                                          capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (
+        "def parse(path):", "The weather today is", "Django models define")))
+    out = tmp_path / "tune.json"
+    code = main(["tune", str(checkpoints("noisy", acceptance=0.6)), "--prompts", str(prompts),
+                 "--concurrency", "1", "2", "--max-k", "1", "--max-tokens", "10",
+                 "--out", str(out), "--dtype", "float32", "--max-model-len", "256"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert list(data)[0] == "num_speculative_tokens_per_batch_size"
+    ranges = data["num_speculative_tokens_per_batch_size"]
+    assert validate_and_normalize_dynamic_sd_schedule(ranges) == [tuple(r) for r in ranges]
+    assert data["compilation"] == ["DYNAMO_TRACE_ONCE"]
+    assert data["settings"]["engine_args"] == {"dtype": "float32", "max_model_len": 256}
+    points = {(p["k"], p["concurrency"]): p for p in data["measurements"]}
+    assert sorted(points) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    for (k, c), p in points.items():
+        assert p["tokens_per_step"] == c * (k + 1), (k, c)
+        assert p["step_ms"] > 0 and p["measured_tok_s"] > 0 and p["decode_steps"] > 0
+    (rate,) = data["acceptance"]["per_position"]
+    counters = data["acceptance"]["counters_at_max_k"]
+    assert 0 < rate < 1
+    assert rate == pytest.approx(counters["accepted_per_position"][0] / counters["num_drafts"])
+    for c in ("1", "2"):
+        expected = data["expected_tok_s"][c]
+        assert data["best_fixed_k"][c] == int(max(sorted(expected, key=int), key=expected.get))
+    printed = capsys.readouterr().out
+    assert "expected tokens/s" in printed and "machine: " in printed
+    spec = data["speculative_config"]
+    assert (f"--speculative-config '{json.dumps(spec)}'" in printed if spec else
+            "serve without --speculative-config" in printed)
+    assert out.with_suffix(".png").stat().st_size > 0

@@ -1,0 +1,98 @@
+"""``vllm-mtp tune``'s arithmetic: acceptance lengths, expected throughput, best k, and a schedule
+that vLLM's own validator and lookup accept and expand as intended."""
+
+import json
+
+import pytest
+from vllm.v1.spec_decode.dynamic.utils import (build_dynamic_sd_schedule_lookup,
+                                               validate_and_normalize_dynamic_sd_schedule)
+
+from vllm_mtp_plugin.tools.tune import model
+from vllm_mtp_plugin.tools.tune.cli import engine_args, result, summary_text
+from vllm_mtp_plugin.tools.tune.measure import TuneRun, engine_config, passes
+
+
+def test_acceptance_lengths_from_the_max_k_counters():
+    counters = {"num_drafts": 10, "accepted_per_position": [8, 5, 2]}
+    assert model.acceptance_lengths(counters, 3) == pytest.approx([1.0, 1.8, 2.3, 2.5])
+    assert model.acceptance_lengths({"num_drafts": 0}, 2) == [1.0, 1.0, 1.0]
+
+
+def _points(step_ms: dict) -> list[dict]:
+    return [{"k": k, "concurrency": c, "step_ms": ms, "outside_ms": 1.0}
+            for (c, k), ms in step_ms.items()]
+
+
+def test_expected_throughput_best_k_and_schedule():
+    taus = [1.0, 1.8, 2.3]
+    # c = 1: drafting is cheap next to the step; c = 4: verification rows cost nearly linearly;
+    # c = 16: no k pays
+    steps = {(1, 0): 49.0, (1, 1): 59.0, (1, 2): 69.0,
+             (4, 0): 99.0, (4, 1): 170.0, (4, 2): 229.0,
+             (16, 0): 199.0, (16, 1): 399.0, (16, 2): 599.0}
+    expected = model.predictions(_points(steps), taus)
+    assert expected[1][0] == pytest.approx(1 / 0.050)
+    assert expected[1][2] == pytest.approx(2.3 / 0.070)
+    assert expected[4][1] == pytest.approx(4 * 1.8 / 0.171)
+    best = model.best_k(expected)
+    assert best == {1: 2, 4: 1, 16: 0}
+    ranges = model.schedule(best)
+    assert ranges == [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
+    spec = model.speculative_config(ranges)
+    assert spec == {"method": "mtp", "num_speculative_tokens": 2,
+                    "num_speculative_tokens_per_batch_size": ranges}
+    # vLLM's own validator and lookup: batch 1-3 -> 2, 4-15 -> 1, 16 and beyond -> 0
+    assert validate_and_normalize_dynamic_sd_schedule(ranges) == [tuple(r) for r in ranges]
+    lookup = build_dynamic_sd_schedule_lookup(ranges, vllm_max_batch_size=20,
+                                              vllm_num_speculative_tokens=2)
+    assert lookup[1:] == [2] * 3 + [1] * 12 + [0] * 5
+
+
+def test_schedule_merges_and_says_when_mtp_never_pays():
+    assert model.schedule({2: 3, 4: 3, 8: 1}) == [[1, 7, 3], [8, 8, 1]]
+    assert model.speculative_config([[1, 8, 3]]) == {"method": "mtp", "num_speculative_tokens": 3}
+    assert model.speculative_config([[1, 16, 0]]) is None
+    assert model.best_k({1: {0: 10.0, 1: 10.0, 2: 9.0}}) == {1: 0}  # a tie keeps the smaller k
+
+
+def test_result_has_vllms_key_at_the_top_and_a_ready_config():
+    run = TuneRun(model="m", prompts=["a", "b"], concurrencies=[4, 1], max_k=2)
+    points = [{**p, "measured_tok_s": 1.0} for p in _points(
+        {(1, 0): 49.0, (1, 1): 59.0, (1, 2): 69.0, (4, 0): 99.0, (4, 1): 170.0, (4, 2): 229.0})]
+    data = result(run, {"points": points, "compilation": ["DYNAMO_TRACE_ONCE"],
+                        "acceptance_counters": {"num_drafts": 10,
+                                                "accepted_per_position": [8, 5]}})
+    assert list(data)[0] == "num_speculative_tokens_per_batch_size"
+    assert data["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 4, 1]]
+    assert data["best_fixed_k"] == {"1": 2, "4": 1}
+    assert data["expected_speedup"]["1"]["0"] == 1.0
+    assert data["acceptance"]["per_position"] == pytest.approx([0.8, 0.5])
+    json.dumps(data)  # tune.json is plain JSON
+    text = summary_text({**data, "settings": {**data["settings"], "max_k": 2}})
+    assert "--speculative-config '" + json.dumps(data["speculative_config"]) + "'" in text
+    assert "c = 1: k = 2, c = 4: k = 1" in text
+
+
+def test_one_engine_per_k_one_pass_per_concurrency():
+    run = TuneRun(model="m", prompts=["a", "b", "c"], concurrencies=[4, 1], max_k=2,
+                  engine_args={"dtype": "float32", "max_model_len": 512}, temperature=0.5)
+    assert run.concurrencies == [1, 4]
+    ps = passes(run)
+    assert [p["prompts"] for p in ps] == [["a"], ["a", "b", "c", "a"]]
+    assert ps[0]["sampling"] == {"temperature": 0.5, "seed": 0}
+    config = engine_config(run, 2)
+    assert config.num_speculative_tokens == 2 and config.step_timings and config.eager is None
+    assert config.llm_kwargs["max_num_seqs"] == 4 and config.llm_kwargs["dtype"] == "float32"
+    assert config.max_model_len == 512
+    with pytest.raises(ValueError, match="max-k"):
+        TuneRun(model="m", prompts=["a"], concurrencies=[1], max_k=0)
+
+
+def test_engine_arguments_pass_through_vllms_parser():
+    assert engine_args([]) == {}
+    assert engine_args(["--dtype", "float32", "--max-model-len", "512"]) == {
+        "dtype": "float32", "max_model_len": 512}
+    with pytest.raises(SystemExit, match="--speculative-config"):
+        engine_args(["--speculative-config", '{"method": "mtp"}'])
+    with pytest.raises(SystemExit):
+        engine_args(["--no-such-engine-argument", "1"])

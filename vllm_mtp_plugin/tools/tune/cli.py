@@ -1,0 +1,187 @@
+"""``vllm-mtp tune MODEL --prompts FILE``: which num_speculative_tokens serves fastest here, per
+batch size, measured through vLLM on the user's prompts and hardware.
+
+Prints a ready ``--speculative-config`` (vLLM's ``num_speculative_tokens_per_batch_size``
+schedule, and the best fixed k per concurrency for runners without it) and writes ``tune.json``
+(the schedule at its top level under vLLM's key, next to every measurement) and ``tune.png``.
+Arguments it does not know are vLLM engine arguments (``--dtype``, ``--max-model-len``, ...) and
+go to every engine it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import model as tune_model
+from .measure import TuneRun, measure
+
+REFUSED = ("speculative_config", "max_num_seqs", "model")
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog="vllm-mtp tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a DeepSeek checkpoint with MTP layers (or a bench preset spec, "
+                                 "e.g. bench:noisy:0.8, or 'trained')")
+    p.add_argument("--prompts", help="JSONL of {\"prompt\": ...} or ShareGPT (default: the "
+                                     "bundled prompts); what your traffic looks like")
+    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16],
+                   help="batch sizes to measure (requests in flight)")
+    p.add_argument("--max-k", type=int, default=3, help="largest num_speculative_tokens tried")
+    p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of your traffic (acceptance falls with it)")
+    p.add_argument("--repeats", type=int, default=1, help="measured passes per (k, concurrency)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("tune.json"))
+    p.add_argument("--log-dir", type=Path, help="engine logs (default: next to --out)")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine")
+    return p.parse_known_args(argv)
+
+
+def engine_args(extra: list[str]) -> dict:
+    """vLLM engine arguments from the command line, as ``LLM(...)`` keywords (non-defaults only);
+    parsed by vLLM's own parser, so they mean what they mean to ``vllm serve``."""
+    if not extra:
+        return {}
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm-mtp tune"))
+    given, default = vars(parser.parse_args(extra)), vars(parser.parse_args([]))
+    args = {key: value for key, value in given.items() if default.get(key) != value}
+    refused = sorted(set(args) & set(REFUSED))
+    if refused:
+        raise SystemExit(f"vllm-mtp tune sets {', '.join('--' + r.replace('_', '-') for r in refused)}"
+                         " itself (one engine per k, one pass per concurrency); leave it out")
+    return args
+
+
+def resolve_model(spec: str, log=print) -> str:
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return str(path)
+    from ..bench.checkpoints import resolve
+
+    try:
+        return str(resolve(spec, log=log).path)
+    except ValueError as exc:
+        raise SystemExit(f"vllm-mtp tune: {spec!r} is neither a checkpoint directory nor a "
+                         f"preset ({exc})") from None
+
+
+def result(run: TuneRun, measured: dict) -> dict:
+    """tune.json: vLLM's schedule key at the top level, then what it was derived from."""
+    taus = tune_model.acceptance_lengths(measured["acceptance_counters"], run.max_k)
+    expected = tune_model.predictions(measured["points"], taus)
+    best = tune_model.best_k(expected)
+    ranges = tune_model.schedule(best)
+    spec = tune_model.speculative_config(ranges)
+    return {
+        "num_speculative_tokens_per_batch_size": ranges,
+        "speculative_config": spec,
+        "best_fixed_k": {str(c): k for c, k in best.items()},
+        "expected_tok_s": {str(c): {str(k): v for k, v in by_k.items()}
+                           for c, by_k in expected.items()},
+        "expected_speedup": {str(c): {str(k): v / by_k[0] for k, v in by_k.items()}
+                             for c, by_k in expected.items() if by_k.get(0)},
+        "acceptance": {"acceptance_lengths": taus,
+                       "per_position": [b - a for a, b in zip(taus, taus[1:])],
+                       "counters_at_max_k": measured["acceptance_counters"]},
+        "measurements": measured["points"],
+        "compilation": measured["compilation"],
+        "settings": {"model": run.model, "concurrencies": run.concurrencies,
+                     "max_k": run.max_k, "max_tokens": run.max_tokens,
+                     "temperature": run.temperature, "repeats": run.repeats,
+                     "engine_args": run.engine_args, "num_prompts": len(run.prompts)},
+    }
+
+
+def summary_text(data: dict) -> str:
+    """The table of expected (and, from tune's own passes, measured) tokens/s, and the advice."""
+    max_k = data["settings"]["max_k"]
+    measured = {(p["concurrency"], p["k"]): p["measured_tok_s"] for p in data["measurements"]}
+    lines = ["expected tokens/s (measured in tune's own pass), per concurrency and k; * = best", "",
+             "| concurrency | " + " | ".join(f"k = {k}" for k in range(max_k + 1)) + " | best k |",
+             "|---|" + "---|" * (max_k + 2)]
+    for c, by_k in data["expected_tok_s"].items():
+        cells = []
+        for k in range(max_k + 1):
+            value = by_k.get(str(k))
+            seen = measured.get((int(c), k))
+            cells.append("–" if value is None else f"{value:.1f}"
+                         + (f" ({seen:.1f})" if seen else "")
+                         + (" *" if data["best_fixed_k"][c] == k else ""))
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {data['best_fixed_k'][c]} |")
+    taus = data["acceptance"]["per_position"]
+    lines += ["", "acceptance per draft position at k = %d: %s" % (
+        max_k, " ".join(f"{a:.2f}" for a in taus))]
+    spec = data["speculative_config"]
+    if spec is None:
+        lines += ["", "MTP does not pay off at any concurrency measured here: serve without "
+                      "--speculative-config."]
+    else:
+        lines += ["", "serve with (Model Runner V2 reads the schedule; fixed k where it is one):",
+                  f"  --speculative-config '{json.dumps(spec)}'"]
+        fixed = sorted(set(data["best_fixed_k"].values()))
+        if len(fixed) > 1:
+            lines.append("best fixed k per concurrency (a runner without the schedule): "
+                         + ", ".join(f"c = {c}: k = {k}" for c, k in data["best_fixed_k"].items()))
+    return "\n".join(lines)
+
+
+def plot(data: dict, path: Path) -> Path:
+    """Expected tokens/s against concurrency, one line per k, tune's measured points as markers,
+    the chosen k per concurrency as a thick line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4), dpi=100)
+    cs = [int(c) for c in data["expected_tok_s"]]
+    for k in range(data["settings"]["max_k"] + 1):
+        ys = [data["expected_tok_s"][str(c)].get(str(k)) for c in cs]
+        line, = ax.plot(cs, ys, "-", label=f"k = {k}")
+        seen = [(p["concurrency"], p["measured_tok_s"]) for p in data["measurements"]
+                if p["k"] == k]
+        ax.plot(*zip(*seen), "x", color=line.get_color())
+    chosen = [data["expected_tok_s"][str(c)][str(data["best_fixed_k"][str(c)])] for c in cs]
+    ax.plot(cs, chosen, "-", color="black", linewidth=3, alpha=0.35, label="chosen")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="concurrency (requests in flight)", ylabel="output tokens/s",
+           title="Expected throughput per k (x: measured in tune's pass)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse_args(sys.argv[1:] if argv is None else argv)
+    from ..bench.prompts import load_prompts
+
+    run = TuneRun(model=resolve_model(args.model), prompts=load_prompts(args.prompts),
+                  concurrencies=args.concurrency, max_k=args.max_k, max_tokens=args.max_tokens,
+                  temperature=args.temperature, seed=args.seed, repeats=args.repeats,
+                  engine_args=engine_args(extra), timeout=args.timeout)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    logs = args.log_dir or args.out.parent / "tune-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    measured = measure(run, logs)
+    data = result(run, measured)
+    from ..bench.cli import environment
+    from ..bench.report import machine_line
+
+    data["machine"] = environment()
+    args.out.write_text(json.dumps(data, indent=1))
+    print(machine_line(data["machine"]))
+    print(summary_text(data))
+    if not args.no_plot:
+        print(f"plot: {plot(data, args.out.with_suffix('.png'))}")
+    print(f"results: {args.out}")
+    return 0

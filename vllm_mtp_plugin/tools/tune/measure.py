@@ -1,0 +1,100 @@
+"""What ``vllm-mtp tune`` measures, through vLLM in its default compiled mode.
+
+One engine per k = 0 .. max-k (vLLM fixes k per engine), each running one pass per concurrency c:
+c requests at once (``max_num_seqs`` = the largest c), so every decode step holds c requests. Per
+(k, c) the engine's own step timings (``bench/steptimer.py``) give the median decode step: with
+k > 0 that is verifying c * (k + 1) tokens plus k draft forwards; the pass's wall time minus the
+time inside the model runner gives what each step costs outside it (scheduling, output
+processing). vLLM's counters of the k = max-k engine give the acceptance per draft position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from ..offline import OfflineConfig, run_config
+
+
+@dataclasses.dataclass
+class TuneRun:
+    model: str
+    prompts: list
+    concurrencies: list[int]
+    max_k: int = 3
+    max_tokens: int = 64
+    temperature: float = 0.0
+    seed: int = 0
+    warmup: int = 1
+    repeats: int = 1
+    # vLLM engine arguments given on the command line (non-default values only).
+    engine_args: dict = dataclasses.field(default_factory=dict)
+    timeout: float = 1800.0
+
+    def __post_init__(self):
+        if self.max_k < 1:
+            raise ValueError("--max-k must be at least 1")
+        if not self.concurrencies or min(self.concurrencies) < 1:
+            raise ValueError("concurrencies must be >= 1")
+        self.concurrencies = sorted(set(self.concurrencies))
+
+
+def passes(run: TuneRun) -> list[dict]:
+    """One pass per concurrency: the first c prompts (cycled), all in flight together."""
+    sampling = {"temperature": run.temperature, **({"seed": run.seed} if run.temperature else {})}
+    chat = bool(run.prompts) and isinstance(run.prompts[0], list)
+    return [{"label": {"concurrency": c},
+             "prompts": [run.prompts[i % len(run.prompts)] for i in range(c)],
+             "sampling": sampling, "chat": chat} for c in run.concurrencies]
+
+
+def engine_config(run: TuneRun, k: int) -> OfflineConfig:
+    llm_kwargs = {"max_num_seqs": max(run.concurrencies), "seed": run.seed, **run.engine_args}
+    return OfflineConfig(model=run.model, num_speculative_tokens=k, passes=passes(run),
+                         prompts=passes(run)[0]["prompts"], max_tokens=run.max_tokens,
+                         ignore_eos=True, warmup_prompts=run.warmup, repeats=run.repeats,
+                         llm_kwargs=llm_kwargs, step_timings=True,
+                         max_model_len=run.engine_args.get("max_model_len", 1024))
+
+
+def point(k: int, c: int, runs: list[dict]) -> dict:
+    """The measurement of (k, c): medians over repeats of step time and outside-runner time."""
+    import statistics
+
+    def med(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    steps = [r["steps"] for r in runs]
+    outside = [(r["seconds"] - s["all_steps_s"]) / s["steps"] for r, s in zip(runs, steps)
+               if s.get("steps")]
+    return {
+        "k": k, "concurrency": c,
+        "step_ms": med(s.get("step_ms") for s in steps),
+        "draft_ms": med(s.get("draft_ms") for s in steps) if k else 0.0,
+        "outside_ms": med(outside) * 1e3 if outside else 0.0,
+        "tokens_per_step": med(s.get("tokens_per_step") for s in steps),
+        "decode_steps": med(s.get("decode_steps") for s in steps),
+        "measured_tok_s": med(r["output_tokens"] / r["seconds"] for r in runs),
+        "spec_decode": runs[-1]["spec_decode"] if k else None,
+    }
+
+
+def measure(run: TuneRun, log_dir: Path, on_start: Callable[[str], None] = print) -> dict:
+    """Every (k, c) point, the acceptance counters at k = max-k, and the engines' compilation."""
+    from ..bench.analysis import total_counters
+
+    points, compilation, at_max_k = [], set(), []
+    for k in range(run.max_k + 1):
+        on_start(f"k = {k}: one engine, concurrency {', '.join(map(str, run.concurrencies))}")
+        result = run_config(engine_config(run, k), timeout=run.timeout,
+                            log_path=str(log_dir / f"tune-k{k}.log"))
+        compilation.add(str(result.get("compilation")))
+        for c in run.concurrencies:
+            runs = [r for r in result["runs"] if r.get("pass") == {"concurrency": c}]
+            points.append(point(k, c, runs))
+            if k == run.max_k:
+                at_max_k += [r["spec_decode"] for r in runs]
+    return {"points": points, "acceptance_counters": total_counters(at_max_k).summary(),
+            "compilation": sorted(compilation)}

@@ -1,0 +1,69 @@
+"""From measurements to a choice of k: expected throughput per (batch size, k), the best fixed k
+per concurrency (V1 runner) and vLLM's batch-size schedule (Model Runner V2).
+
+Expected throughput. A decode step of c requests with k drafts each emits c * tau_k tokens, where
+tau_k = 1 + a_1 + ... + a_k is the mean acceptance length at k, from the per-position acceptance
+a_i measured at k = max-k (a draft at position i is accepted or not whatever comes after it, so
+the first k positions of a longer run are what a run at k would see). It costs the measured
+decode step at (k, c) plus the time each step spends outside the model runner. Hence
+``tok/s(c, k) = c * tau_k / (step(k, c) + outside(k, c))``; k = 0 has tau = 1.
+"""
+
+from __future__ import annotations
+
+
+def acceptance_lengths(counters: dict, max_k: int) -> list[float]:
+    """tau_0 .. tau_max_k from the counters of the k = max-k engine."""
+    drafts = counters.get("num_drafts") or 0
+    per_position = list(counters.get("accepted_per_position") or [])
+    rates = [(per_position[i] / drafts if drafts and i < len(per_position) else 0.0)
+             for i in range(max_k)]
+    taus = [1.0]
+    for rate in rates:
+        taus.append(taus[-1] + rate)
+    return taus
+
+
+def predictions(points: list[dict], taus: list[float]) -> dict[int, dict[int, float]]:
+    """Expected output tokens/s, ``{concurrency: {k: tok/s}}``."""
+    table: dict[int, dict[int, float]] = {}
+    for p in points:
+        if p.get("step_ms") is None:
+            continue
+        seconds = (p["step_ms"] + (p.get("outside_ms") or 0.0)) / 1e3
+        table.setdefault(p["concurrency"], {})[p["k"]] = p["concurrency"] * taus[p["k"]] / seconds
+    return table
+
+
+def best_k(expected: dict[int, dict[int, float]]) -> dict[int, int]:
+    """The fastest k per concurrency (the smaller k on a tie: fewer drafts, less memory)."""
+    return {c: max(sorted(by_k), key=lambda k: by_k[k]) for c, by_k in sorted(expected.items())}
+
+
+def schedule(best: dict[int, int]) -> list[list[int]]:
+    """vLLM's ``num_speculative_tokens_per_batch_size``: inclusive batch-size ranges and their k.
+
+    Measured concurrency c_i covers batch sizes c_i .. c_(i+1) - 1 (the first range starts at 1,
+    as vLLM requires; the last k carries on to max_num_seqs, as vLLM's lookup does); neighbours
+    with the same k merge. k = 0 is allowed: vLLM drafts nothing at those batch sizes."""
+    cs = sorted(best)
+    ranges: list[list[int]] = []
+    for i, c in enumerate(cs):
+        start = 1 if i == 0 else c
+        end = cs[i + 1] - 1 if i + 1 < len(cs) else c
+        if ranges and ranges[-1][2] == best[c]:
+            ranges[-1][1] = end
+        else:
+            ranges.append([start, end, best[c]])
+    return ranges
+
+
+def speculative_config(ranges: list[list[int]]) -> dict | None:
+    """The ``--speculative-config`` for the schedule; None where no batch size gains from MTP."""
+    top = max(k for _, _, k in ranges)
+    if top == 0:
+        return None
+    config = {"method": "mtp", "num_speculative_tokens": top}
+    if len({k for _, _, k in ranges}) > 1:
+        config["num_speculative_tokens_per_batch_size"] = ranges
+    return config
