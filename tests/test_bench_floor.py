@@ -93,3 +93,20 @@ def test_machine_summary_names_the_kernels_vllm_loads():
                 "_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512")
     assert summary["vllm_kernels"] == expected
     assert ("avx512f" in summary["cpu_flags"]) == torch.cpu._is_avx512_supported()
+
+
+def test_a_floor_row_is_never_a_baseline_and_a_partial_batch_never_a_floor():
+    """--concurrency 1 2 with 3 prompts: the sweep's own k = 0 at c = 2 runs 2 + 1 requests (not
+    full), so a floor engine runs exactly 2 at once. Speed-ups at c = 2 read the sweep's row; the
+    floor of k = 1 at c = 1 reads the full one."""
+    own = {**_row(0, 2, {"step_ms": 120.0, "tokens_per_step": 1.5}), "output_tok_s": 12.0}
+    floor = {**_row(0, 2, {"step_ms": 130.0, "tokens_per_step": 2}, floor_only=True),
+             "output_tok_s": 16.0}
+    spec2 = {**_row(1, 2, {"draft_ms": 30.0, "target_ms": 200.0}, tau=1.8), "output_tok_s": 18.0}
+    rows = analysis.add_derived([_row(0, 1, {"step_ms": 100.0, "tokens_per_step": 1}), own,
+                                 floor, _row(1, 1, {"draft_ms": 20.0, "target_ms": 143.0}, tau=1.8),
+                                 spec2])
+    assert rows[1]["baseline"]["output_tok_s"] == 12.0 and rows[4]["speedup"] == 1.5
+    assert rows[4]["baseline"]["processes"] == 1  # the floor row was not pooled in
+    assert rows[3]["floor_ratio"] == pytest.approx(1.3)  # the full 2-row step, not 120 ms
+    assert rows[2]["speedup"] == 1.0  # a floor row's speed-up is against itself

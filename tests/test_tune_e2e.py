@@ -31,13 +31,15 @@ def test_tune_measures_every_k_and_concurrency_and_writes_vllms_schedule(checkpo
     for (k, c), p in points.items():
         assert p["tokens_per_step"] == c * (k + 1), (k, c)
         assert p["step_ms"] > 0 and p["measured_tok_s"] > 0 and p["decode_steps"] > 0
+        assert p["prefill_ms"] > 0 and p["outside_ms"] >= 0
+        # the model's expectation against tune's own measured pass: same units, same order
+        ratio = data["expected_tok_s"][str(c)][str(k)] / p["measured_tok_s"]
+        assert 1 / 3 < ratio < 3, (k, c, ratio)
     (rate,) = data["acceptance"]["per_position"]
     counters = data["acceptance"]["counters_at_max_k"]
     assert 0 < rate < 1
     assert rate == pytest.approx(counters["accepted_per_position"][0] / counters["num_drafts"])
-    for c in ("1", "2"):
-        expected = data["expected_tok_s"][c]
-        assert data["best_fixed_k"][c] == int(max(sorted(expected, key=int), key=expected.get))
+    assert sorted(data["best_fixed_k"]) == ["1", "2"]
     printed = capsys.readouterr().out
     assert "expected tokens/s" in printed and "machine: " in printed
     spec = data["speculative_config"]

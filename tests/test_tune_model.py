@@ -18,8 +18,8 @@ def test_acceptance_lengths_from_the_max_k_counters():
     assert model.acceptance_lengths({"num_drafts": 0}, 2) == [1.0, 1.0, 1.0]
 
 
-def _points(step_ms: dict) -> list[dict]:
-    return [{"k": k, "concurrency": c, "step_ms": ms, "outside_ms": 1.0}
+def _points(step_ms: dict, prefill_ms: float = 0.0) -> list[dict]:
+    return [{"k": k, "concurrency": c, "step_ms": ms, "outside_ms": 1.0, "prefill_ms": prefill_ms}
             for (c, k), ms in step_ms.items()]
 
 
@@ -30,10 +30,14 @@ def test_expected_throughput_best_k_and_schedule():
     steps = {(1, 0): 49.0, (1, 1): 59.0, (1, 2): 69.0,
              (4, 0): 99.0, (4, 1): 170.0, (4, 2): 229.0,
              (16, 0): 199.0, (16, 1): 399.0, (16, 2): 599.0}
-    expected = model.predictions(_points(steps), taus)
-    assert expected[1][0] == pytest.approx(1 / 0.050)
-    assert expected[1][2] == pytest.approx(2.3 / 0.070)
-    assert expected[4][1] == pytest.approx(4 * 1.8 / 0.171)
+    expected = model.predictions(_points(steps), taus, max_tokens=65)
+    # c requests of N tokens: (N - 1) / tau decode steps of (step + outside) each
+    assert expected[1][0] == pytest.approx(65 / (64 * 0.050))
+    assert expected[1][2] == pytest.approx(65 / (64 / 2.3 * 0.070))
+    assert expected[4][1] == pytest.approx(4 * 65 / (64 / 1.8 * 0.171))
+    # a prompt's prefill is paid once per request: it weighs more on short outputs
+    short = model.predictions(_points(steps, prefill_ms=100.0), taus, max_tokens=9)
+    assert short[1][2] == pytest.approx(9 / (0.1 + 8 / 2.3 * 0.070))
     best = model.best_k(expected)
     assert best == {1: 2, 4: 1, 16: 0}
     ranges = model.schedule(best)
@@ -96,3 +100,43 @@ def test_engine_arguments_pass_through_vllms_parser():
         engine_args(["--speculative-config", '{"method": "mtp"}'])
     with pytest.raises(SystemExit):
         engine_args(["--no-such-engine-argument", "1"])
+
+
+def test_a_point_from_the_engines_step_timings():
+    """Medians over repeats; the time outside the runner per step; the prefill steps' sum."""
+    from vllm_mtp_plugin.tools.tune.measure import point
+
+    runs = [{"seconds": 1.0, "output_tokens": 40, "spec_decode": {"num_drafts": 5},
+             "steps": {"steps": 10, "all_steps_s": 0.8, "prefill_s": 0.2, "step_ms": 60.0,
+                       "draft_ms": 10.0, "tokens_per_step": 4, "decode_steps": 9}},
+            {"seconds": 2.0, "output_tokens": 40, "spec_decode": {"num_drafts": 6},
+             "steps": {"steps": 10, "all_steps_s": 1.6, "prefill_s": 0.4, "step_ms": 80.0,
+                       "draft_ms": 12.0, "tokens_per_step": 4, "decode_steps": 9}}]
+    p = point(1, 2, runs)
+    assert p["step_ms"] == 70.0 and p["draft_ms"] == 11.0 and p["prefill_ms"] == pytest.approx(300)
+    assert p["outside_ms"] == pytest.approx(30.0)  # (1.0 - 0.8) / 10 and (2.0 - 1.6) / 10
+    assert p["measured_tok_s"] == 30.0 and p["tokens_per_step"] == 4
+    assert p["spec_decode"] == {"num_drafts": 6}
+    assert point(0, 1, runs)["draft_ms"] == 0.0 and point(0, 1, runs)["spec_decode"] is None
+
+
+def test_ks_vllm_accepts_and_engine_settings(tmp_path):
+    from vllm_mtp_plugin.tools.tune.measure import allowed_ks
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_nextn_predict_layers": 2}))
+    assert allowed_ks(str(tmp_path), 5) == [0, 1, 2, 4]  # 3 and 5 are not multiples of 2
+    assert allowed_ks(str(tmp_path / "missing"), 3) == [0, 1, 2, 3]
+    run = TuneRun(model="m", prompts=["a"], concurrencies=[1], engine_args={"tensor_parallel_size": 2})
+    config = engine_config(run, 1)
+    assert config.default_process_mode and config.llm_kwargs["enable_prefix_caching"] is False
+    assert config.max_model_len is None  # the model's own unless given
+    assert not engine_config(TuneRun(model="m", prompts=["a"], concurrencies=[1]), 1).default_process_mode
+    assert engine_config(TuneRun(model="m", prompts=["a"], concurrencies=[1], engine_args={
+        "enable_prefix_caching": True}), 0).llm_kwargs["enable_prefix_caching"] is True
+    with pytest.raises(ValueError, match="max-tokens"):
+        TuneRun(model="m", prompts=["a"], concurrencies=[1], max_tokens=1)
+
+
+def test_a_concurrency_without_a_k0_measurement_is_left_out():
+    expected = {1: {0: 10.0, 1: 12.0}, 4: {1: 30.0, 2: 28.0}}
+    assert model.best_k(expected) == {1: 1}

@@ -34,7 +34,7 @@ class OfflineConfig:
     impl: str = "plugin"
     prompts: list[str] = dataclasses.field(default_factory=list)
     max_tokens: int = 32
-    max_model_len: int = 1024
+    max_model_len: int | None = 1024  # None: the model's own
     ignore_eos: bool = True
     warmup_prompts: int = 0
     repeats: int = 1

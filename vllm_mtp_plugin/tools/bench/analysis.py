@@ -97,7 +97,7 @@ def baselines(rows: list[dict]) -> dict[tuple, dict]:
     """
     pooled: dict[tuple, dict] = {}
     for row in rows:
-        if row.get("k") != 0:
+        if row.get("k") != 0 or row.get("floor_only"):  # a floor has its own prompts: not a baseline
             continue
         base = pooled.setdefault(_key(row, *BASELINE_KEY),
                                  {"tok_s": [], "step_ms": [], "rows": [], "impls": []})
@@ -112,24 +112,39 @@ def baselines(rows: list[dict]) -> dict[tuple, dict]:
             for key, b in pooled.items()}
 
 
-def floor_of(bases: dict[tuple, dict], row: dict) -> dict | None:
-    """The k = 0 baseline with (k + 1) * c rows in flight for ``row``, if measured with its
-    decode steps full (a pass with fewer prompts than rows never fills the batch)."""
+def floors(rows: list[dict]) -> dict[tuple, dict]:
+    """Decode-step time of every k = 0 measurement whose decode steps were full (median rows per
+    step = its concurrency), per baseline key: the floor rows, and the sweep's own k = 0 rows where
+    their batches were full. Engine processes pooled, as for the baselines."""
+    pooled: dict[tuple, list[float]] = {}
+    for row in rows:
+        if row.get("k") != 0:
+            continue
+        for steps in row.get("steps_processes") or [row.get("steps") or {}]:
+            if steps.get("step_ms") and steps.get("tokens_per_step") == row["concurrency"]:
+                pooled.setdefault(_key(row, *BASELINE_KEY), []).append(steps["step_ms"])
+    return {key: {"step_ms": median(values), "tokens_per_step": key[2]}
+            for key, values in pooled.items()}
+
+
+def floor_of(floor_steps: dict[tuple, dict], row: dict) -> dict | None:
+    """The full k = 0 step with (k + 1) * c rows in flight for ``row``; None where none was
+    measured full (a pass with fewer prompts than rows never fills the batch)."""
     rows = (row["k"] + 1) * row["concurrency"]
-    key = _key({**row, "concurrency": rows}, *BASELINE_KEY)
-    floor = bases.get(key)
-    if floor and floor.get("step_ms") and floor.get("tokens_per_step") == rows:
-        return floor
-    return None
+    return floor_steps.get(_key({**row, "concurrency": rows}, *BASELINE_KEY))
 
 
 def add_derived(rows: list[dict]) -> list[dict]:
     """Fill speed-up against the pooled k = 0 baseline, the ideal bound and measured/ideal where
     step timings exist, and tokens/s relative to in-tree at the same k."""
-    bases = baselines(rows)
+    bases, floor_steps = baselines(rows), floors(rows)
     in_tree = {_key(r, *SAME_CONFIG_KEY): r for r in rows if r.get("impl") == "in-tree"}
     for row in rows:
         base = bases.get(_key(row, *BASELINE_KEY))
+        if row.get("floor_only"):  # its own k = 0, prompts repeated: the floor table reads it
+            base = {"output_tok_s": row.get("output_tok_s"),
+                    "step_ms": (row.get("steps") or {}).get("step_ms"),
+                    "processes": len(row.get("output_tok_s_processes") or [None])}
         row["baseline"] = base
         row["speedup"] = (row["output_tok_s"] / base["output_tok_s"]
                           if base and base.get("output_tok_s") and row.get("output_tok_s")
@@ -151,7 +166,7 @@ def add_derived(rows: list[dict]) -> list[dict]:
             row["ideal_speedup"] = ideal_speedup(tau, k, row["draft_cost_ratio"])
             if row["speedup"] is not None:
                 row["measured_over_ideal"] = row["speedup"] / row["ideal_speedup"]
-            floor = floor_of(bases, row)
+            floor = floor_of(floor_steps, row)
             if floor:
                 row["floor_rows"] = floor["tokens_per_step"]
                 row["floor_ratio"] = floor["step_ms"] / t0

@@ -162,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                   impls=args.impl, ks=args.ks, concurrencies=args.concurrency,
                   temperatures=args.temperatures, by_kind=not args.no_split_kinds,
                   mla_verify=args.mla_verify,
-                  floor=args.mode == "offline" and not args.no_floor and any(args.ks),
+                  # the floor is read against k = 0: without it there is nothing to derive
+                  floor=args.mode == "offline" and not args.no_floor and any(args.ks)
+                  and 0 in args.ks,
                   eager=args.enforce_eager,
                   prompts=args.prompts or default_prompts(checkpoint_specs), num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                   warmup=args.warmup, repeats=args.repeats, processes=args.processes,

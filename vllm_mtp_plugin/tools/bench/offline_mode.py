@@ -119,6 +119,7 @@ def run_offline(sweep: Sweep, checkpoints: dict[str, Checkpoint], passes: list[d
             log_path = log_dir / (f"offline-{ckpt.label}-{config.impl}-k{config.k}"
                                   f"-c{config.concurrency}"
                                   f"{'-verify-off' if config.mla_verify == 'off' else ''}"
+                                  f"{'-floor' if config.fill else ''}"
                                   f"-p{round_}.log")
             results[config].append(run_process(sweep, ckpt, config, passes, log_path))
             on_done()

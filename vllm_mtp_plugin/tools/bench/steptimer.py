@@ -108,6 +108,8 @@ def summarize(steps: list[dict]) -> dict:
         # All steps, prefills included: against the pass's wall time this shows the time spent
         # outside the model runner (scheduling, output processing, other processes).
         "all_steps_s": sum(every),
+        # Steps that start requests (their prompts' prefill, with whatever decodes share them).
+        "prefill_s": sum(e for e, s in zip(every, steps) if s.get("new_requests")),
         "max_step_ms": max(every, default=0.0) * 1e3,
         "step_ms": median_ms(total),
         "draft_ms": median_ms(draft),

@@ -53,6 +53,13 @@ def engine_args(extra: list[str]) -> dict:
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm-mtp tune"))
     given, default = vars(parser.parse_args(extra)), vars(parser.parse_args([]))
     args = {key: value for key, value in given.items() if default.get(key) != value}
+    for key, value in args.items():
+        try:
+            json.dumps(value)
+        except TypeError:
+            raise SystemExit(f"vllm-mtp tune: --{key.replace('_', '-')} is parsed by vLLM into "
+                             f"a {type(value).__name__}, which tune cannot hand to its engines; "
+                             "leave it out") from None
     refused = sorted(set(args) & set(REFUSED))
     if refused:
         raise SystemExit(f"vllm-mtp tune sets {', '.join('--' + r.replace('_', '-') for r in refused)}"
@@ -76,8 +83,11 @@ def resolve_model(spec: str, log=print) -> str:
 def result(run: TuneRun, measured: dict) -> dict:
     """tune.json: vLLM's schedule key at the top level, then what it was derived from."""
     taus = tune_model.acceptance_lengths(measured["acceptance_counters"], run.max_k)
-    expected = tune_model.predictions(measured["points"], taus)
+    expected = tune_model.predictions(measured["points"], taus, run.max_tokens)
     best = tune_model.best_k(expected)
+    if not best:
+        raise SystemExit("vllm-mtp tune: no concurrency has decode-step timings without "
+                         f"speculation; the engine logs say why ({measured.get('logs')})")
     ranges = tune_model.schedule(best)
     spec = tune_model.speculative_config(ranges)
     return {
@@ -93,6 +103,7 @@ def result(run: TuneRun, measured: dict) -> dict:
                        "counters_at_max_k": measured["acceptance_counters"]},
         "measurements": measured["points"],
         "compilation": measured["compilation"],
+        "ks_measured": measured.get("ks"),
         "settings": {"model": run.model, "concurrencies": run.concurrencies,
                      "max_k": run.max_k, "max_tokens": run.max_tokens,
                      "temperature": run.temperature, "repeats": run.repeats,
@@ -108,6 +119,9 @@ def summary_text(data: dict) -> str:
              "| concurrency | " + " | ".join(f"k = {k}" for k in range(max_k + 1)) + " | best k |",
              "|---|" + "---|" * (max_k + 2)]
     for c, by_k in data["expected_tok_s"].items():
+        if c not in data["best_fixed_k"]:
+            lines.append(f"| {c} | no decode steps measured without speculation: left out |")
+            continue
         cells = []
         for k in range(max_k + 1):
             value = by_k.get(str(k))
@@ -143,12 +157,13 @@ def plot(data: dict, path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(6.4, 4), dpi=100)
     cs = [int(c) for c in data["expected_tok_s"]]
-    for k in range(data["settings"]["max_k"] + 1):
+    for k in data.get("ks_measured") or range(data["settings"]["max_k"] + 1):
         ys = [data["expected_tok_s"][str(c)].get(str(k)) for c in cs]
         line, = ax.plot(cs, ys, "-", label=f"k = {k}")
         seen = [(p["concurrency"], p["measured_tok_s"]) for p in data["measurements"]
                 if p["k"] == k]
         ax.plot(*zip(*seen), "x", color=line.get_color())
+    cs = [c for c in cs if str(c) in data["best_fixed_k"]]
     chosen = [data["expected_tok_s"][str(c)][str(data["best_fixed_k"][str(c)])] for c in cs]
     ax.plot(cs, chosen, "-", color="black", linewidth=3, alpha=0.35, label="chosen")
     ax.set_xscale("log", base=2)
@@ -173,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = args.log_dir or args.out.parent / "tune-logs"
     logs.mkdir(parents=True, exist_ok=True)
     measured = measure(run, logs)
+    measured["logs"] = str(logs)
     data = result(run, measured)
     from ..bench.cli import environment
     from ..bench.report import machine_line

@@ -35,6 +35,8 @@ class TuneRun:
     def __post_init__(self):
         if self.max_k < 1:
             raise ValueError("--max-k must be at least 1")
+        if self.max_tokens < 2:
+            raise ValueError("--max-tokens must be at least 2 (decode steps are what is measured)")
         if not self.concurrencies or min(self.concurrencies) < 1:
             raise ValueError("concurrencies must be >= 1")
         self.concurrencies = sorted(set(self.concurrencies))
@@ -50,12 +52,33 @@ def passes(run: TuneRun) -> list[dict]:
 
 
 def engine_config(run: TuneRun, k: int) -> OfflineConfig:
-    llm_kwargs = {"max_num_seqs": max(run.concurrencies), "seed": run.seed, **run.engine_args}
+    """Prefix caching off unless asked for: the passes share prompts, and a cached prompt would
+    hide its prefill. Several ranks need vLLM's default process mode (the in-process engine runs
+    one)."""
+    llm_kwargs = {"max_num_seqs": max(run.concurrencies), "seed": run.seed,
+                  "enable_prefix_caching": False, **run.engine_args}
+    ranks = (run.engine_args.get("tensor_parallel_size") or 1) * (
+        run.engine_args.get("pipeline_parallel_size") or 1) * (
+        run.engine_args.get("data_parallel_size") or 1)
     return OfflineConfig(model=run.model, num_speculative_tokens=k, passes=passes(run),
                          prompts=passes(run)[0]["prompts"], max_tokens=run.max_tokens,
                          ignore_eos=True, warmup_prompts=run.warmup, repeats=run.repeats,
-                         llm_kwargs=llm_kwargs, step_timings=True,
-                         max_model_len=run.engine_args.get("max_model_len", 1024))
+                         llm_kwargs=llm_kwargs, step_timings=True, default_process_mode=ranks > 1,
+                         max_model_len=run.engine_args.get("max_model_len"))
+
+
+def allowed_ks(model: str, max_k: int) -> list[int]:
+    """The k vLLM accepts for this checkpoint: with n MTP layers, k <= n or a multiple of n
+    (``config/speculative.py``: layers are reused in turn)."""
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    n = config.get("num_nextn_predict_layers") or 1
+    return [k for k in range(max_k + 1) if k <= n or k % n == 0]
 
 
 def point(k: int, c: int, runs: list[dict]) -> dict:
@@ -69,11 +92,13 @@ def point(k: int, c: int, runs: list[dict]) -> dict:
     steps = [r["steps"] for r in runs]
     outside = [(r["seconds"] - s["all_steps_s"]) / s["steps"] for r, s in zip(runs, steps)
                if s.get("steps")]
+    prefill = [s.get("prefill_s") for s in steps]  # the steps that start requests
     return {
         "k": k, "concurrency": c,
         "step_ms": med(s.get("step_ms") for s in steps),
         "draft_ms": med(s.get("draft_ms") for s in steps) if k else 0.0,
         "outside_ms": med(outside) * 1e3 if outside else 0.0,
+        "prefill_ms": (med(prefill) or 0.0) * 1e3,
         "tokens_per_step": med(s.get("tokens_per_step") for s in steps),
         "decode_steps": med(s.get("decode_steps") for s in steps),
         "measured_tok_s": med(r["output_tokens"] / r["seconds"] for r in runs),
@@ -86,7 +111,10 @@ def measure(run: TuneRun, log_dir: Path, on_start: Callable[[str], None] = print
     from ..bench.analysis import total_counters
 
     points, compilation, at_max_k = [], set(), []
-    for k in range(run.max_k + 1):
+    ks = allowed_ks(run.model, run.max_k)
+    for k in sorted(set(range(run.max_k + 1)) - set(ks)):
+        on_start(f"k = {k}: skipped (vLLM takes k <= the MTP layers or a multiple of them)")
+    for k in ks:
         on_start(f"k = {k}: one engine, concurrency {', '.join(map(str, run.concurrencies))}")
         result = run_config(engine_config(run, k), timeout=run.timeout,
                             log_path=str(log_dir / f"tune-k{k}.log"))
@@ -94,7 +122,7 @@ def measure(run: TuneRun, log_dir: Path, on_start: Callable[[str], None] = print
         for c in run.concurrencies:
             runs = [r for r in result["runs"] if r.get("pass") == {"concurrency": c}]
             points.append(point(k, c, runs))
-            if k == run.max_k:
+            if k == ks[-1] and c == run.concurrencies[-1]:  # the largest pass: no prompt twice
                 at_max_k += [r["spec_decode"] for r in runs]
     return {"points": points, "acceptance_counters": total_counters(at_max_k).summary(),
-            "compilation": sorted(compilation)}
+            "compilation": sorted(compilation), "ks": ks}

@@ -5,8 +5,13 @@ Expected throughput. A decode step of c requests with k drafts each emits c * ta
 tau_k = 1 + a_1 + ... + a_k is the mean acceptance length at k, from the per-position acceptance
 a_i measured at k = max-k (a draft at position i is accepted or not whatever comes after it, so
 the first k positions of a longer run are what a run at k would see). It costs the measured
-decode step at (k, c) plus the time each step spends outside the model runner. Hence
-``tok/s(c, k) = c * tau_k / (step(k, c) + outside(k, c))``; k = 0 has tau = 1.
+decode step at (k, c) plus the time each step spends outside the model runner. A request of N
+output tokens takes its prompt's prefill (measured per pass: the steps that start requests) and
+(N - 1) / tau_k decode steps, so for c requests at once
+
+``tok/s(c, k) = c * N / (prefill(k, c) + (N - 1) / tau_k * (step(k, c) + outside(k, c)))``
+
+with N = ``--max-tokens`` (set it to your typical output length); k = 0 has tau = 1.
 """
 
 from __future__ import annotations
@@ -24,20 +29,24 @@ def acceptance_lengths(counters: dict, max_k: int) -> list[float]:
     return taus
 
 
-def predictions(points: list[dict], taus: list[float]) -> dict[int, dict[int, float]]:
+def predictions(points: list[dict], taus: list[float],
+                max_tokens: int) -> dict[int, dict[int, float]]:
     """Expected output tokens/s, ``{concurrency: {k: tok/s}}``."""
     table: dict[int, dict[int, float]] = {}
     for p in points:
         if p.get("step_ms") is None:
             continue
-        seconds = (p["step_ms"] + (p.get("outside_ms") or 0.0)) / 1e3
-        table.setdefault(p["concurrency"], {})[p["k"]] = p["concurrency"] * taus[p["k"]] / seconds
+        step_s = (p["step_ms"] + (p.get("outside_ms") or 0.0)) / 1e3
+        seconds = (p.get("prefill_ms") or 0.0) / 1e3 + (max_tokens - 1) / taus[p["k"]] * step_s
+        table.setdefault(p["concurrency"], {})[p["k"]] = p["concurrency"] * max_tokens / seconds
     return table
 
 
 def best_k(expected: dict[int, dict[int, float]]) -> dict[int, int]:
-    """The fastest k per concurrency (the smaller k on a tie: fewer drafts, less memory)."""
-    return {c: max(sorted(by_k), key=lambda k: by_k[k]) for c, by_k in sorted(expected.items())}
+    """The fastest k per concurrency (the smaller k on a tie: fewer drafts, less memory); only
+    concurrencies measured without speculation too (the comparison every choice needs)."""
+    return {c: max(sorted(by_k), key=lambda k: by_k[k]) for c, by_k in sorted(expected.items())
+            if 0 in by_k}
 
 
 def schedule(best: dict[int, int]) -> list[list[int]]:
