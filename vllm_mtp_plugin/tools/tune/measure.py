@@ -60,8 +60,9 @@ def engine_config(run: TuneRun, k: int) -> OfflineConfig:
     ranks = (run.engine_args.get("tensor_parallel_size") or 1) * (
         run.engine_args.get("pipeline_parallel_size") or 1) * (
         run.engine_args.get("data_parallel_size") or 1)
-    return OfflineConfig(model=run.model, num_speculative_tokens=k, passes=passes(run),
-                         prompts=passes(run)[0]["prompts"], max_tokens=run.max_tokens,
+    per_concurrency = passes(run)
+    return OfflineConfig(model=run.model, num_speculative_tokens=k, passes=per_concurrency,
+                         prompts=per_concurrency[0]["prompts"], max_tokens=run.max_tokens,
                          ignore_eos=True, warmup_prompts=run.warmup, repeats=run.repeats,
                          llm_kwargs=llm_kwargs, step_timings=True, default_process_mode=ranks > 1,
                          max_model_len=run.engine_args.get("max_model_len"))
@@ -83,11 +84,7 @@ def allowed_ks(model: str, max_k: int) -> list[int]:
 
 def point(k: int, c: int, runs: list[dict]) -> dict:
     """The measurement of (k, c): medians over repeats of step time and outside-runner time."""
-    import statistics
-
-    def med(values):
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
+    from ..bench.analysis import median as med
 
     steps = [r["steps"] for r in runs]
     outside = [(r["seconds"] - s["all_steps_s"]) / s["steps"] for r, s in zip(runs, steps)
