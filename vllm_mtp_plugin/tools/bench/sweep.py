@@ -43,6 +43,17 @@ class Config:
             " (floor)" if self.fill else "")
         return f"{self.checkpoint} {self.impl} k={self.k} c={self.concurrency}{extra}"
 
+    def verify_env(self) -> dict[str, str]:
+        """The engine's switch for the plugin's ``mla_verify_as_decode`` patch (``mla_verify.py``):
+        "off" runs vLLM's own verification path."""
+        from ...mla_verify import SWITCH
+
+        return {SWITCH: "0"} if self.mla_verify == "off" else {}
+
+    def log_suffix(self) -> str:
+        """What sets this configuration's engine log apart from its neighbours'."""
+        return ("-verify-off" if self.mla_verify == "off" else "") + ("-floor" if self.fill else "")
+
 
 @dataclasses.dataclass
 class Sweep:

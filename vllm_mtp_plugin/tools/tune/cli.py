@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from . import model as tune_model
+from . import plot as tune_plot
 from .measure import TuneRun, measure
 
 REFUSED = ("speculative_config", "max_num_seqs", "model")
@@ -26,7 +27,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("model", help="a DeepSeek checkpoint with MTP layers (or a bench preset spec, "
                                  "e.g. bench:noisy:0.8, or 'trained')")
     p.add_argument("--prompts", help="JSONL of {\"prompt\": ...} or ShareGPT (default: the "
-                                     "bundled prompts); what your traffic looks like")
+                                     "bundled prompts; for 'trained', its code/prose/chat "
+                                     "prompts, all as completions); what your traffic looks like")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16],
                    help="batch sizes to measure (requests in flight)")
     p.add_argument("--max-k", type=int, default=3, help="largest num_speculative_tokens tried")
@@ -147,40 +149,13 @@ def summary_text(data: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(data: dict, path: Path) -> Path:
-    """Expected tokens/s against concurrency, one line per k, tune's measured points as markers,
-    the chosen k per concurrency as a thick line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4), dpi=100)
-    cs = [int(c) for c in data["expected_tok_s"]]
-    for k in data.get("ks_measured") or range(data["settings"]["max_k"] + 1):
-        ys = [data["expected_tok_s"][str(c)].get(str(k)) for c in cs]
-        line, = ax.plot(cs, ys, "-", label=f"k = {k}")
-        seen = [(p["concurrency"], p["measured_tok_s"]) for p in data["measurements"]
-                if p["k"] == k]
-        ax.plot(*zip(*seen), "x", color=line.get_color())
-    cs = [c for c in cs if str(c) in data["best_fixed_k"]]
-    chosen = [data["expected_tok_s"][str(c)][str(data["best_fixed_k"][str(c)])] for c in cs]
-    ax.plot(cs, chosen, "-", color="black", linewidth=3, alpha=0.35, label="chosen")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="concurrency (requests in flight)", ylabel="output tokens/s",
-           title="Expected throughput per k (x: measured in tune's pass)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(sys.argv[1:] if argv is None else argv)
+    from ..bench.cli import default_prompts
     from ..bench.prompts import load_prompts
 
-    run = TuneRun(model=resolve_model(args.model), prompts=load_prompts(args.prompts),
+    prompts = load_prompts(args.prompts or default_prompts([args.model]))
+    run = TuneRun(model=resolve_model(args.model), prompts=prompts,
                   concurrencies=args.concurrency, max_k=args.max_k, max_tokens=args.max_tokens,
                   temperature=args.temperature, seed=args.seed, repeats=args.repeats,
                   engine_args=engine_args(extra), timeout=args.timeout)
@@ -198,6 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_line(data["machine"]))
     print(summary_text(data))
     if not args.no_plot:
-        print(f"plot: {plot(data, args.out.with_suffix('.png'))}")
+        print(f"plot: {tune_plot.expected(data, args.out.with_suffix('.png'))}")
     print(f"results: {args.out}")
     return 0

@@ -1,0 +1,103 @@
+"""Does ``vllm-mtp tune``'s pick hold? Its best k per concurrency against a benchmark sweep of fixed
+k (``vllm-mtp bench offline -k 0 1 2 3 --concurrency C``) on the same model and machine.
+
+``python -m vllm_mtp_plugin.tools.tune.check tune.json results.json [...] --out DIR`` writes
+``check.md`` (the table), ``check.json`` and ``tune_vs_fixed.png`` (measured tokens/s against
+concurrency per fixed k, and the tuned choice). The noise of a configuration is the range of its
+measured passes (every engine process and repeat): a pick is "within noise" of the measured best
+when the two ranges overlap, and "slower than no speculation" only when its whole range lies
+below k = 0's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..bench.analysis import median
+from .plot import measured_against_pick
+
+
+def measured(results_files: list[Path]) -> dict[int, dict[int, dict]]:
+    """{concurrency: {k: {"median", "low", "high", "passes"}}} over the sweeps' measured rows."""
+    table: dict[int, dict[int, dict]] = {}
+    for path in results_files:
+        for row in json.loads(Path(path).read_text())["results"]:
+            if row.get("floor_only") or row.get("mode") != "offline" or not row.get("runs"):
+                continue
+            passes = [run["output_tok_s"] for run in row["runs"]]
+            table.setdefault(row["concurrency"], {})[row["k"]] = {
+                "median": median(passes), "low": min(passes), "high": max(passes),
+                "passes": len(passes)}
+    return table
+
+
+def compare(tune: dict, table: dict[int, dict[int, dict]]) -> list[dict]:
+    """One verdict per concurrency that both tune and the sweep measured (k = 0 included)."""
+    verdicts = []
+    for c_text, tuned_k in tune["best_fixed_k"].items():
+        by_k = table.get(int(c_text))
+        if not by_k or tuned_k not in by_k or 0 not in by_k:
+            continue
+        best_k = max(by_k, key=lambda k: (by_k[k]["median"], -k))
+        tuned, best, none = by_k[tuned_k], by_k[best_k], by_k[0]
+        verdicts.append({
+            "concurrency": int(c_text), "tuned_k": tuned_k, "measured_best_k": best_k,
+            "tok_s": {str(k): v for k, v in sorted(by_k.items())},
+            "tuned_over_best": tuned["median"] / best["median"],
+            "tuned_over_no_speculation": tuned["median"] / none["median"],
+            "pick": "best" if tuned_k == best_k else (
+                "within noise" if tuned["high"] >= best["low"] else "missed"),
+            "slower_than_no_speculation": tuned["high"] < none["low"],
+        })
+    return verdicts
+
+
+def text(verdicts: list[dict], machine: str = "") -> str:
+    ks = sorted({int(k) for v in verdicts for k in v["tok_s"]})
+    lines = ([machine, ""] if machine else []) + [
+        "measured tokens/s per fixed k: median [lowest – highest pass]; tune's pick against the "
+        "measured best", "",
+        "| concurrency | " + " | ".join(f"k = {k}" for k in ks)
+        + " | tune's k | best k | tuned / best | tuned / k = 0 | verdict |",
+        "|---|" + "---|" * (len(ks) + 5)]
+    for v in verdicts:
+        cells = []
+        for k in ks:
+            m = v["tok_s"].get(str(k))
+            cells.append("–" if m is None else f"{m['median']:.1f} [{m['low']:.1f}–{m['high']:.1f}]")
+        verdict = v["pick"] + ("; slower than k = 0" if v["slower_than_no_speculation"] else "")
+        lines.append(f"| {v['concurrency']} | " + " | ".join(cells)
+                     + f" | {v['tuned_k']} | {v['measured_best_k']} | {v['tuned_over_best']:.2f}"
+                     f" | {v['tuned_over_no_speculation']:.2f} | {verdict} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vllm_mtp_plugin.tools.tune.check",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("tune", type=Path, help="tune.json of vllm-mtp tune")
+    p.add_argument("results", type=Path, nargs="+", help="results.json of vllm-mtp bench offline")
+    p.add_argument("--out", type=Path, required=True, help="directory for check.md/json/png")
+    args = p.parse_args(argv)
+    tune = json.loads(args.tune.read_text())
+    verdicts = compare(tune, measured(args.results))
+    if not verdicts:
+        raise SystemExit("no concurrency was measured both by tune and by the sweep (with k = 0 "
+                         "and tune's k): nothing to compare")
+    from ..bench.report import machine_line
+
+    machine = machine_line(tune["machine"]) if tune.get("machine") else ""
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "check.md").write_text(text(verdicts, machine) + "\n")
+    (args.out / "check.json").write_text(json.dumps(verdicts, indent=1))
+    measured_against_pick(verdicts, args.out / "tune_vs_fixed.png",
+                          f"{Path(tune['settings']['model']).name}: fixed k against tune's pick")
+    print(text(verdicts, machine))
+    return 0 if all(v["pick"] != "missed" and not v["slower_than_no_speculation"]
+                    for v in verdicts) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

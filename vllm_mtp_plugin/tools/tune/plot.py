@@ -1,0 +1,63 @@
+"""tune's two plots, tokens/s against concurrency per k: what ``vllm-mtp tune`` expects
+(``tune.png``) and what a fixed-k benchmark sweep measured next to tune's pick
+(``tune_vs_fixed.png``, ``check.py``)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def concurrency_axes(path: Path, concurrencies: list[int], ylabel: str, title: str):
+    """One figure: concurrency on a log-2 axis, saved to ``path`` when the block ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4), dpi=100)
+    yield ax
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    ax.set(xlabel="concurrency (requests in flight)", ylabel=ylabel, title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def expected(data: dict, path: Path) -> Path:
+    """Expected tokens/s, one line per k, tune's measured points as markers, the chosen k per
+    concurrency as a thick line."""
+    cs = [int(c) for c in data["expected_tok_s"]]
+    with concurrency_axes(path, cs, "output tokens/s",
+                          "Expected throughput per k (x: measured in tune's pass)") as ax:
+        for k in data.get("ks_measured") or range(data["settings"]["max_k"] + 1):
+            ys = [data["expected_tok_s"][str(c)].get(str(k)) for c in cs]
+            line, = ax.plot(cs, ys, "-", label=f"k = {k}")
+            seen = [(p["concurrency"], p["measured_tok_s"]) for p in data["measurements"]
+                    if p["k"] == k]
+            ax.plot(*zip(*seen), "x", color=line.get_color())
+        chosen_cs = [c for c in cs if str(c) in data["best_fixed_k"]]
+        chosen = [data["expected_tok_s"][str(c)][str(data["best_fixed_k"][str(c)])]
+                  for c in chosen_cs]
+        ax.plot(chosen_cs, chosen, "-", color="black", linewidth=3, alpha=0.35, label="chosen")
+    return path
+
+
+def measured_against_pick(verdicts: list[dict], path: Path, title: str) -> Path:
+    """Measured tokens/s per fixed k (bars: lowest to highest pass) and tune's pick, thick."""
+    cs = [v["concurrency"] for v in verdicts]
+    with concurrency_axes(path, cs, "output tokens/s (measured)", title) as ax:
+        for k in sorted({int(k) for v in verdicts for k in v["tok_s"]}):
+            points = [(v["concurrency"], v["tok_s"][str(k)]) for v in verdicts
+                      if str(k) in v["tok_s"]]
+            ys = [m["median"] for _, m in points]
+            errors = [[m["median"] - m["low"] for _, m in points],
+                      [m["high"] - m["median"] for _, m in points]]
+            ax.errorbar([c for c, _ in points], ys, yerr=errors, marker="o", markersize=3,
+                        capsize=2, label=f"k = {k}")
+        tuned = [v["tok_s"][str(v["tuned_k"])]["median"] for v in verdicts]
+        ax.plot(cs, tuned, "-", color="black", linewidth=4, alpha=0.3, label="vllm-mtp tune's k")
+    return path
