@@ -12,6 +12,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from vllm_mtp_plugin.tools.tiny.v3 import build_checkpoint  # noqa: E402
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts  # noqa: E402
+from support.shared_build import build_once, run_root  # noqa: E402
 
 
 SUITE_ENVIRONMENT = dict(os.environ)
@@ -46,15 +47,18 @@ def plugin_log(caplog, monkeypatch):
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
-    """Builds each tiny checkpoint on first use: ``checkpoints("noisy", acceptance=0.6)``."""
-    root = tmp_path_factory.mktemp("checkpoints")
+    """Builds each tiny checkpoint on first use: ``checkpoints("noisy", acceptance=0.6)``; one
+    path per checkpoint for every worker of the run (``support/shared_build.py``: compiled engines
+    of the same configuration share vLLM's compile cache)."""
+    root = run_root(tmp_path_factory) / "checkpoints"
     built: dict[tuple, Path] = {}
 
     def get(mode: str = "oracle", **kwargs) -> Path:
         key = (mode, *sorted(kwargs.items()))
         if key not in built:
-            name = "-".join(str(part) for part in (mode, *kwargs.values()))
-            built[key] = build_checkpoint(root / name, "tiny", mode, **kwargs)
+            name = "-".join(f"{k}{v}" for k, v in key[1:])
+            path = root / "-".join(filter(None, (mode, name)))
+            built[key] = build_once(path, lambda out: build_checkpoint(out, "tiny", mode, **kwargs))
         return built[key]
 
     return get

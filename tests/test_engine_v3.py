@@ -13,6 +13,7 @@ import functools
 import json
 
 import pytest
+from support.checkpoint_edits import same_target
 
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 
@@ -107,9 +108,10 @@ def test_two_mtp_layers(checkpoints, run, prompts, runner):
     speculator passes it: step s runs layer L + s. Counted in the worker, per step and layer
     (eager: the count wraps the layers from Python; the compiled case is
     ``test_compiled_layers.py``, shown by acceptance)."""
-    oracle2 = checkpoints("oracle", num_nextn_predict_layers=2)
+    oracle, oracle2 = checkpoints("oracle"), checkpoints("oracle", num_nextn_predict_layers=2)
+    assert same_target(oracle, oracle2)  # one target: the one-layer oracle's k = 0 is the baseline
     result = run(oracle2, 2, count_layer_calls=True)
-    assert result["token_ids"] == run(oracle2, 0)["token_ids"]
+    assert result["token_ids"] == run(oracle, 0)["token_ids"]
     assert result["spec_decode"]["num_accepted_tokens"] == result["spec_decode"]["num_draft_tokens"]
     noisy2 = checkpoints("noisy", acceptance=0.6, num_nextn_predict_layers=2)
     ours = run(noisy2, 2, "plugin", count_layer_calls=True)

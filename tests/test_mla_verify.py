@@ -14,6 +14,7 @@ import logging
 import pytest
 import torch
 
+from support.checkpoint_edits import same_target
 from support.hardware import needs_cpu
 from vllm_mtp_plugin import mla_verify, patches
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
@@ -207,14 +208,6 @@ def engine(prompts, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mla-verify")
     return lambda model, k, patched=True, dtype="float32": _engine(
         model, k, patched, tuple(prompts), tmp, dtype)
-
-
-def same_target(one, two) -> bool:
-    """Whether two checkpoints hold the same target weights (the second has more MTP layers)."""
-    from safetensors.torch import load_file
-
-    a, b = (load_file(str(path / "model.safetensors")) for path in (one, two))
-    return set(a) < set(b) and all(torch.equal(a[name], b[name]) for name in a)
 
 
 def test_verification_through_the_decode_kernel_keeps_every_token(checkpoints, engine):

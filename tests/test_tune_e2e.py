@@ -16,16 +16,18 @@ def test_tune_measures_every_k_and_concurrency_and_writes_vllms_schedule(checkpo
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (
         "def parse(path):", "The weather today is", "Django models define")))
     out = tmp_path / "tune.json"
+    # fp32, 2 sequences, 1024 tokens: test_mla_verify's engine settings, so the two files' compiled
+    # engines on this checkpoint share vLLM's compile cache
     code = main(["tune", str(checkpoints("noisy", acceptance=0.6)), "--prompts", str(prompts),
                  "--concurrency", "1", "2", "--max-k", "1", "--max-tokens", "10",
-                 "--out", str(out), "--dtype", "float32", "--max-model-len", "256"])
+                 "--out", str(out), "--dtype", "float32", "--max-model-len", "1024"])
     assert code == 0
     data = json.loads(out.read_text())
     assert list(data)[0] == "num_speculative_tokens_per_batch_size"
     ranges = data["num_speculative_tokens_per_batch_size"]
     assert validate_and_normalize_dynamic_sd_schedule(ranges) == [tuple(r) for r in ranges]
     assert data["compilation"] == ["DYNAMO_TRACE_ONCE"]
-    assert data["settings"]["engine_args"] == {"dtype": "float32", "max_model_len": 256}
+    assert data["settings"]["engine_args"] == {"dtype": "float32", "max_model_len": 1024}
     points = {(p["k"], p["concurrency"]): p for p in data["measurements"]}
     assert sorted(points) == [(0, 1), (0, 2), (1, 1), (1, 2)]
     for (k, c), p in points.items():

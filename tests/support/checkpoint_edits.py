@@ -74,3 +74,13 @@ def write_raw(path: Path, tensors: RawTensors) -> None:
     encoded += b" " * (-len(encoded) % 8)
     Path(path).write_bytes(len(encoded).to_bytes(8, "little") + encoded
                            + b"".join(data for _, _, data in tensors.values()))
+
+
+def same_target(one: Path, two: Path) -> bool:
+    """Whether two tiny checkpoints hold the same target weights (the second has more MTP
+    layers): a k = 0 run of one is then the baseline of the other."""
+    from safetensors.torch import load_file
+    import torch
+
+    a, b = (load_file(str(Path(path) / "model.safetensors")) for path in (one, two))
+    return set(a) < set(b) and all(torch.equal(a[name], b[name]) for name in a)
