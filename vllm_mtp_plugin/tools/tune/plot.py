@@ -47,17 +47,19 @@ def expected(data: dict, path: Path) -> Path:
 
 
 def measured_against_pick(verdicts: list[dict], path: Path, title: str) -> Path:
-    """Measured tokens/s per fixed k (bars: lowest to highest pass) and tune's pick, thick."""
+    """Measured throughput per fixed k over no speculation's (bars: lowest to highest pass), and
+    tune's pick, thick: a ratio keeps small and large concurrencies readable on one axis."""
     cs = [v["concurrency"] for v in verdicts]
-    with concurrency_axes(path, cs, "output tokens/s (measured)", title) as ax:
+    with concurrency_axes(path, cs, "tokens/s over no speculation (measured)", title) as ax:
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
         for k in sorted({int(k) for v in verdicts for k in v["tok_s"]}):
-            points = [(v["concurrency"], v["tok_s"][str(k)]) for v in verdicts
-                      if str(k) in v["tok_s"]]
-            ys = [m["median"] for _, m in points]
-            errors = [[m["median"] - m["low"] for _, m in points],
-                      [m["high"] - m["median"] for _, m in points]]
-            ax.errorbar([c for c, _ in points], ys, yerr=errors, marker="o", markersize=3,
+            points = [(v["concurrency"], v["tok_s"][str(k)], v["tok_s"]["0"]["median"])
+                      for v in verdicts if str(k) in v["tok_s"]]
+            ys = [m["median"] / base for _, m, base in points]
+            errors = [[(m["median"] - m["low"]) / base for _, m, base in points],
+                      [(m["high"] - m["median"]) / base for _, m, base in points]]
+            ax.errorbar([c for c, _, _ in points], ys, yerr=errors, marker="o", markersize=3,
                         capsize=2, label=f"k = {k}")
-        tuned = [v["tok_s"][str(v["tuned_k"])]["median"] for v in verdicts]
+        tuned = [v["tuned_over_no_speculation"] for v in verdicts]
         ax.plot(cs, tuned, "-", color="black", linewidth=4, alpha=0.3, label="vllm-mtp tune's k")
     return path
