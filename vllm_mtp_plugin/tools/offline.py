@@ -260,6 +260,7 @@ def _child(request_path: str, result_path: str) -> None:
         "allocated_bytes": allocated,
         "init_seconds": init_s,
         "runner": report["runner"],
+        "plugin_registered": report["plugin_registered"],
         "compilation": report["compilation"],
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
