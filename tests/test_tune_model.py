@@ -148,8 +148,12 @@ def _sweep(tmp_path, name, tok_s: dict) -> Path:
     (and a floor row, which a check must not read)."""
     rows = [{"mode": "offline", "concurrency": c, "k": k, "floor_only": False,
              "runs": [{"output_tok_s": v} for v in passes]} for (c, k), passes in tok_s.items()]
-    rows.append({"mode": "offline", "concurrency": 2, "k": 0, "floor_only": True,
-                 "runs": [{"output_tok_s": 1e9}]})
+    # rows that measure something else than tune did: never read
+    others = [{"floor_only": True}, {"impl": "in-tree"}, {"prompts": "code"},
+              {"temperature": 1.0}, {"mla_verify": "off"}, {"mode": "serve"},
+              {"checkpoint_path": str(tmp_path / "another-model")}]
+    rows += [{"mode": "offline", "concurrency": c, "k": k, "runs": [{"output_tok_s": 1e9}],
+              **other} for (c, k) in tok_s for other in others]
     path = tmp_path / name
     path.write_text(json.dumps({"results": rows}))
     return path
@@ -161,12 +165,16 @@ def test_check_against_a_fixed_k_sweep(tmp_path):
     one = _sweep(tmp_path, "c1.json", {(1, 0): [100, 104], (1, 1): [150, 160], (1, 2): [170, 175]})
     many = _sweep(tmp_path, "c4.json", {(4, 0): [300, 330], (4, 1): [320, 340], (4, 2): [200, 210],
                                         (16, 0): [600, 610], (16, 1): [500, 520]})
-    table = check.measured([one, many])
+    table = check.measured([one, many], {"model": str(tmp_path / "model"), "temperature": 0.0})
     assert table[1][2] == {"median": 172.5, "low": 170, "high": 175, "passes": 2}
-    assert 2 not in table  # floor rows are not fixed-k measurements
+    assert max(m["high"] for by_k in table.values() for m in by_k.values()) < 1e9
+    with pytest.raises(ValueError, match="both measure concurrency 1, k = 0"):
+        check.measured([one, one])
     tune = {"best_fixed_k": {"1": 2, "4": 0, "16": 1, "64": 0}}
-    by_c = {v["concurrency"]: v for v in check.compare(tune, table)}
-    assert set(by_c) == {1, 4, 16}  # c = 64 was not in the sweep
+    left_out = []
+    by_c = {v["concurrency"]: v for v in check.compare(tune, table, log=left_out.append)}
+    assert set(by_c) == {1, 4, 16}  # c = 64 was not in the sweep, and says so
+    assert left_out == ["concurrency 64: left out (no comparable sweep rows)"]
     assert by_c[1]["pick"] == "best" and by_c[1]["tuned_over_no_speculation"] == 172.5 / 102
     # k = 0 picked at c = 4 where k = 1 measured 330 vs 315: the ranges overlap
     assert (by_c[4]["measured_best_k"], by_c[4]["pick"]) == (1, "within noise")
@@ -175,7 +183,12 @@ def test_check_against_a_fixed_k_sweep(tmp_path):
     assert by_c[16]["tuned_over_best"] == pytest.approx(510 / 605)
     text = check.text(list(by_c.values()))
     assert "| 16 | 605.0 [600.0–610.0] | 510.0 [500.0–520.0] | – |" in text
-    assert "missed; slower than k = 0" in text
+    assert "missed; slower than k = 0" in text and "one pass" not in text
+    single = _sweep(tmp_path, "one-pass.json", {(8, 0): [100], (8, 1): [99]})
+    (verdict,) = check.compare({"best_fixed_k": {"8": 1}},
+                               check.measured([single], {"model": str(tmp_path / "model")}))
+    assert verdict["pick"] == "missed" and verdict["single_pass"]
+    assert "missed; slower than k = 0; one pass: no noise range" in check.text([verdict])
     tune_json = tmp_path / "tune.json"
     tune_json.write_text(json.dumps({**tune, "settings": {"model": "m"}}))
     assert check.main([str(tune_json), str(one), "--out", str(tmp_path)]) == 0  # c = 1 holds

