@@ -9,6 +9,13 @@ import pytest
 # Small, fast engines (docs/testing.md).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# Each engine in a process forked from one that has imported vLLM already (tools/fork_server.py).
+os.environ.setdefault("MTP_OFFLINE_FORK_SERVER", "1")
+# Inductor's C++ kernels built once per run, whichever compile key asks (support/cxx/g++); the
+# cache lives with this run's vLLM cache (tests/run.sh makes a new one per run).
+if "VLLM_CACHE_ROOT" in os.environ:
+    os.environ.setdefault("CXX", str(Path(__file__).parent / "support" / "cxx" / "g++"))
+    os.environ.setdefault("MTP_TEST_CXX_CACHE", os.path.join(os.environ["VLLM_CACHE_ROOT"], "cxx"))
 
 from vllm_mtp_plugin.tools.tiny.v3 import build_checkpoint  # noqa: E402
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts  # noqa: E402
@@ -69,3 +76,23 @@ def prompts():
     """A few bundled prompts of different lengths (one is a single word)."""
     texts = bundled_prompt_texts()
     return [texts[0], texts[5], texts[40], "Hello"]
+
+
+# Test files by their time on 2 cores, longest first (seconds measured 2026-12-02: 379 ... 49).
+# pytest-xdist hands whole files to the two workers in collection order: longest first keeps both
+# busy to the end (in file order, a 2.7-min tail ran on one worker).
+LONGEST_FIRST = (
+    "test_engine_v3.py", "test_bench_e2e.py", "test_default_process_mode.py", "test_mla_verify.py",
+    "test_trained_model.py", "test_tensor_parallel.py", "test_sampling.py", "test_server.py",
+    "test_v4_e2e.py", "test_v4_generation.py", "test_compiled_layers.py", "test_train_e2e.py",
+    "test_bad_requests.py", "test_aot_cache_patch.py", "test_tune_schedule.py", "test_graft.py",
+    "test_fork_server.py", "test_preflight.py", "test_load.py", "test_train_data.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    missing = [name for name in LONGEST_FIRST if not (Path(__file__).parent / name).exists()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names no such file: {missing}")
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

