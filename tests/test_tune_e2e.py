@@ -34,15 +34,22 @@ def test_tune_measures_every_k_and_concurrency_and_writes_vllms_schedule(checkpo
         assert p["tokens_per_step"] == c * (k + 1), (k, c)
         assert p["step_ms"] > 0 and p["measured_tok_s"] > 0 and p["decode_steps"] > 0
         assert p["prefill_ms"] > 0 and p["outside_ms"] >= 0
-        # the model's expectation against tune's own measured pass: same units, same order
-        ratio = data["expected_tok_s"][str(c)][str(k)] / p["measured_tok_s"]
-        assert 1 / 3 < ratio < 3, (k, c, ratio)
+        # units: the expectation's formula, fed the pass's mean decode step instead of its median,
+        # gives back the pass's measured tokens/s (apart from how many drafts that pass accepted),
+        # however busy the machine was (the median alone would not: other work shares the CPUs)
+        assert p["mean_step_ms"] > 0
+        tau = data["acceptance"]["acceptance_lengths"][k]
+        seconds = (p["prefill_ms"] + (10 - 1) / tau * (p["mean_step_ms"] + p["outside_ms"])) / 1e3
+        ratio = c * 10 / seconds / p["measured_tok_s"]
+        assert 1 / 1.5 < ratio < 1.5, (k, c, ratio)
     (rate,) = data["acceptance"]["per_position"]
     counters = data["acceptance"]["counters_at_max_k"]
     assert 0 < rate < 1
     assert rate == pytest.approx(counters["accepted_per_position"][0] / counters["num_drafts"])
     assert sorted(data["best_fixed_k"]) == ["1", "2"]
     printed = capsys.readouterr().out
+    busy = any(p["mean_step_ms"] > 1.5 * p["step_ms"] for p in data["measurements"])
+    assert ("decode steps varied" in printed) == busy
     assert "expected tokens/s" in printed and "machine: " in printed
     spec = data["speculative_config"]
     assert (f"--speculative-config '{json.dumps(spec)}'" in printed if spec else

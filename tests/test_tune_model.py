@@ -76,6 +76,19 @@ def test_result_has_vllms_key_at_the_top_and_a_ready_config():
     text = summary_text({**data, "settings": {**data["settings"], "max_k": 2}})
     assert "--speculative-config '" + json.dumps(data["speculative_config"]) + "'" in text
     assert "c = 1: k = 2, c = 4: k = 1" in text
+    assert "decode steps varied" not in text  # no mean_step_ms: nothing to compare
+
+
+def test_a_busy_machine_is_named_with_its_points():
+    """Mean above 1.5 x median: the warning names (k, c) and both figures; at 1.5 x, none."""
+    from vllm_mtp_plugin.tools.tune.cli import busy_machine_lines
+
+    calm = {"k": 0, "concurrency": 1, "step_ms": 10.0, "mean_step_ms": 15.0}
+    busy = {"k": 1, "concurrency": 4, "step_ms": 10.0, "mean_step_ms": 40.0}
+    assert busy_machine_lines([calm]) == []
+    (_, line) = busy_machine_lines([calm, busy])
+    assert "k = 1, c = 4: mean 40.0 ms, median 10.0 ms" in line and "k = 0" not in line
+    assert "--repeats" in line
 
 
 def test_one_engine_per_k_one_pass_per_concurrency():
@@ -115,6 +128,7 @@ def test_a_point_from_the_engines_step_timings():
                        "draft_ms": 12.0, "tokens_per_step": 4, "decode_steps": 9}}]
     p = point(1, 2, runs)
     assert p["step_ms"] == 70.0 and p["draft_ms"] == 11.0 and p["prefill_ms"] == pytest.approx(300)
+    assert p["mean_step_ms"] == pytest.approx(100.0)  # (0.8 - 0.2) / 9 and (1.6 - 0.4) / 9
     assert p["outside_ms"] == pytest.approx(30.0)  # (1.0 - 0.8) / 10 and (2.0 - 1.6) / 10
     assert p["measured_tok_s"] == 30.0 and p["tokens_per_step"] == 4
     assert p["spec_decode"] == {"num_drafts": 6}

@@ -113,6 +113,25 @@ def result(run: TuneRun, measured: dict) -> dict:
     }
 
 
+BUSY_RATIO = 1.5
+
+
+def busy_machine_lines(points: list[dict]) -> list[str]:
+    """A warning where decode steps' mean exceeds their median by half: something else shared the
+    machine during those passes; the expected figures (medians) assume it had the machine alone,
+    and the measured ones in brackets do not."""
+    busy = [p for p in points
+            if p.get("mean_step_ms") and p.get("step_ms")
+            and p["mean_step_ms"] > BUSY_RATIO * p["step_ms"]]
+    if not busy:
+        return []
+    where = ", ".join(f"k = {p['k']}, c = {p['concurrency']}: mean {p['mean_step_ms']:.1f} ms, "
+                      f"median {p['step_ms']:.1f} ms" for p in busy)
+    return ["", f"decode steps varied ({where}): other work shared the machine while tune "
+                "measured; the expected figures use the median step. Rerun on an idle machine, "
+                "or with --repeats 3."]
+
+
 def summary_text(data: dict) -> str:
     """The table of expected (and, from tune's own passes, measured) tokens/s, and the advice."""
     max_k = data["settings"]["max_k"]
@@ -132,6 +151,7 @@ def summary_text(data: dict) -> str:
                          + (f" ({seen:.1f})" if seen else "")
                          + (" *" if data["best_fixed_k"][c] == k else ""))
         lines.append(f"| {c} | " + " | ".join(cells) + f" | {data['best_fixed_k'][c]} |")
+    lines += busy_machine_lines(data["measurements"])
     taus = data["acceptance"]["per_position"]
     lines += ["", "acceptance per draft position at k = %d: %s" % (
         max_k, " ".join(f"{a:.2f}" for a in taus))]

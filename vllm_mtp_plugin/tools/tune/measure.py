@@ -90,9 +90,13 @@ def point(k: int, c: int, runs: list[dict]) -> dict:
     outside = [(r["seconds"] - s["all_steps_s"]) / s["steps"] for r, s in zip(runs, steps)
                if s.get("steps")]
     prefill = [s.get("prefill_s") for s in steps]  # the steps that start requests
+    # The decode steps' mean next to their median: far apart when other work shared the machine.
+    mean = [(s["all_steps_s"] - (s.get("prefill_s") or 0.0)) / s["decode_steps"] for s in steps
+            if s.get("decode_steps") and s.get("all_steps_s") is not None]
     return {
         "k": k, "concurrency": c,
         "step_ms": med(s.get("step_ms") for s in steps),
+        "mean_step_ms": med(mean) * 1e3 if mean else None,
         "draft_ms": med(s.get("draft_ms") for s in steps) if k else 0.0,
         "outside_ms": med(outside) * 1e3 if outside else 0.0,
         "prefill_ms": (med(prefill) or 0.0) * 1e3,
