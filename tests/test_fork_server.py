@@ -16,14 +16,15 @@ from vllm_mtp_plugin.tools import fork_server
 from vllm_mtp_plugin.tools.offline import OfflineConfig, child_env, run_config
 
 PROBE = """
-import atexit, json, os, sys, threading, time
+import atexit, gc, json, os, sys, threading, time
 print("probe ran", flush=True)
 out, code = sys.argv[1], int(sys.argv[2])
 atexit.register(lambda: open(out + ".atexit", "w").write("exit handler ran"))
 threading.Thread(target=lambda: time.sleep(0.5) or open(out + ".thread", "w").write("joined")).start()
 json.dump({"argv": sys.argv, "cwd": os.getcwd(), "plugin": os.environ.get("MTP_PLUGIN"),
            "test": os.environ.get("PYTEST_CURRENT_TEST"), "server": os.getppid(),
-           "name": __name__, "vllm_imported": "vllm.entrypoints.llm" in sys.modules},
+           "name": __name__, "vllm_imported": "vllm.entrypoints.llm" in sys.modules,
+           "frozen": gc.get_freeze_count()},
           open(out, "w"))
 if code == 99:
     raise ValueError("probe failed on purpose")
@@ -58,6 +59,7 @@ def test_jobs_run_as_new_interpreters_one_server_per_environment(probe, tmp_path
     assert first["argv"][0].endswith("probe.py") and first["argv"][2] == "0"
     assert (first["cwd"], first["plugin"], first["test"]) == (str(tmp_path), "auto", "one")
     assert first["name"] == "__main__" and first["vllm_imported"]  # imported by the server
+    assert first["frozen"] > 100_000  # vLLM's modules, out of the collector's reach
     # It ends as an interpreter does: its threads joined, then its exit handlers.
     assert (first["thread"], first["atexit"]) == ("joined", "exit handler ran")
     # Another test's name is not another environment: the same server forks it, with its name.
@@ -84,7 +86,8 @@ def test_servers_are_kept_per_environment_and_the_least_recently_used_stops(monk
 
     class Server:
         def __init__(self, env):
-            self.env, self.process = env, types.SimpleNamespace(poll=lambda: None)
+            self.env, self.exit = env, None
+            self.process = types.SimpleNamespace(poll=lambda: self.exit)
             started.append(env["E"])
 
         def run(self, job, timeout):
@@ -99,6 +102,10 @@ def test_servers_are_kept_per_environment_and_the_least_recently_used_stops(monk
     for e in "1", "2", "1", "3", "1", "2":
         assert fork_server.run(["x.py"], {"E": e, "PYTEST_CURRENT_TEST": e}, "/dev/null", 1) == int(e)
     assert started == ["1", "2", "3", "2"] and stopped == ["2", "3"]
+    # A server that died between jobs is stopped (its pipe closed) and a new one started.
+    fork_server._servers[next(reversed(fork_server._servers))].exit = -9
+    assert fork_server.run(["x.py"], {"E": "2"}, "/dev/null", 1) == 2
+    assert started[-1] == "2" and stopped == ["2", "3", "2"] and len(fork_server._servers) == 2
 
 
 def test_an_engine_forked_from_the_server_reports_what_a_plain_process_does(
