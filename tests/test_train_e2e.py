@@ -37,7 +37,7 @@ def test_train_a_layer_for_a_target_without_one_and_serve_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     done = subprocess.run(
         [sys.executable, "-m", "vllm_mtp_plugin.tools.cli", "train", str(bare), "--out", str(out),
-         "--steps", "300", "--batch-size", "16", "--samples-per-prompt", str(SAMPLES_PER_PROMPT),
+         "--steps", "150", "--batch-size", "16", "--samples-per-prompt", str(SAMPLES_PER_PROMPT),
          "--max-new-tokens", "64", "--quiet"],
         env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
