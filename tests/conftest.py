@@ -11,6 +11,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # Each engine in a process forked from one that has imported vLLM already (tools/fork_server.py).
 os.environ.setdefault("MTP_OFFLINE_FORK_SERVER", "1")
+# Forked engines of a compile key compiled earlier in the run load its generated code from torch's
+# cache (support/stable_graph_names.py: why torch 2.13 needs a patch for that).
+os.environ.setdefault("MTP_FORK_SERVER_PRELOAD",
+                      str(Path(__file__).parent / "support" / "stable_graph_names.py"))
 # Inductor's C++ kernels built once per run, whichever compile key asks (support/cxx/g++); the
 # cache lives with this run's vLLM cache (tests/run.sh makes a new one per run).
 if "VLLM_CACHE_ROOT" in os.environ:

@@ -11,6 +11,8 @@ import types
 
 import pytest
 
+from support.vllm_cache import private_cache_root
+
 from vllm_mtp_plugin import patches
 from vllm_mtp_plugin.platform import platform_family
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
@@ -47,7 +49,7 @@ def test_vllm_alone_cannot_load_what_it_saved(checkpoints, prompts, tmp_path):
     ``test_bench_e2e.py``'s compiled run (its engines share one cache and load nothing)."""
     config = OfflineConfig(model=str(checkpoints("noisy", acceptance=0.6)), prompts=prompts[:2],
                            max_tokens=8, llm_kwargs={"dtype": "float32"})
-    env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_PLUGINS": ""}
+    env = {"VLLM_CACHE_ROOT": str(private_cache_root(tmp_path / "vllm-cache")), "VLLM_PLUGINS": ""}
     logs = []
     for name in ("first", "again"):
         log = tmp_path / f"{name}.log"

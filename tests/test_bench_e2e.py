@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from support.vllm_cache import private_cache_root
 
 from vllm_mtp_plugin.tools.bench.cli import main
 
@@ -118,7 +119,8 @@ def test_serve_mode_with_vllm_bench_serve_cross_check(tmp_path):
 def test_trained_model_compiled_by_prompt_kind_and_temperature(tmp_path, monkeypatch):
     """The README's headline configuration, small: vLLM's default compilation, the trained
     model's code/prose/chat prompts (chat through its template), greedy and sampled."""
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))  # shared by the engines
+    # shared by its engines only
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(private_cache_root(tmp_path / "vllm-cache")))
     code = main(["offline", "-m", "trained", "-k", "2", "--impl", "plugin", "in-tree",
                  "--temperature", "0", "1", "--num-prompts", "2", "--max-tokens", "16",
                  "--repeats", "1", "--processes", "1", "--no-floor",

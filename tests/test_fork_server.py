@@ -6,6 +6,7 @@ The probes run in the environments the suite's engines run in (``offline.child_e
 use the servers this worker has started for its engines instead of starting their own."""
 
 import json
+import re
 import subprocess
 import time
 import types
@@ -17,6 +18,7 @@ from vllm_mtp_plugin.tools.offline import OfflineConfig, child_env, run_config
 
 PROBE = """
 import atexit, gc, json, os, sys, threading, time
+import torch._dynamo.output_graph as output_graph
 print("probe ran", flush=True)
 out, code = sys.argv[1], int(sys.argv[2])
 atexit.register(lambda: open(out + ".atexit", "w").write("exit handler ran"))
@@ -24,7 +26,8 @@ threading.Thread(target=lambda: time.sleep(0.5) or open(out + ".thread", "w").wr
 json.dump({"argv": sys.argv, "cwd": os.getcwd(), "plugin": os.environ.get("MTP_PLUGIN"),
            "test": os.environ.get("PYTEST_CURRENT_TEST"), "server": os.getppid(),
            "name": __name__, "vllm_imported": "vllm.entrypoints.llm" in sys.modules,
-           "frozen": gc.get_freeze_count()},
+           "frozen": gc.get_freeze_count(),
+           "graph_name": output_graph.unique_id("__compiled_fn", with_uuid=True)},
           open(out, "w"))
 if code == 99:
     raise ValueError("probe failed on purpose")
@@ -60,6 +63,8 @@ def test_jobs_run_as_new_interpreters_one_server_per_environment(probe, tmp_path
     assert (first["cwd"], first["plugin"], first["test"]) == (str(tmp_path), "auto", "one")
     assert first["name"] == "__main__" and first["vllm_imported"]  # imported by the server
     assert first["frozen"] > 100_000  # vLLM's modules, out of the collector's reach
+    # The suite's preload ran in the server (support/stable_graph_names.py): no uuid in the name.
+    assert re.fullmatch(r"__compiled_fn_\d+", first["graph_name"]), first["graph_name"]
     # It ends as an interpreter does: its threads joined, then its exit handlers.
     assert (first["thread"], first["atexit"]) == ("joined", "exit handler ran")
     # Another test's name is not another environment: the same server forks it, with its name.

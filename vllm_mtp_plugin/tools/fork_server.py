@@ -35,6 +35,9 @@ from collections import OrderedDict
 from typing import NoReturn
 
 SWITCH = "MTP_OFFLINE_FORK_SERVER"
+# A Python file the server runs after its imports, before it forks: a setting every child of the
+# server starts with (the test suite's tests/support/stable_graph_names.py).
+PRELOAD = "MTP_FORK_SERVER_PRELOAD"
 MAX_SERVERS = 3
 # Changes from test to test and is read by nothing during the server's imports: set in the child.
 NOT_IN_KEY = ("PYTEST_CURRENT_TEST",)
@@ -189,6 +192,8 @@ def _serve(reply_fd: int) -> int:
     # itself: a job runs it as __main__, which runpy wants absent from sys.modules).
     from . import cpu_features, engine_modes, mrv2, runner_probe  # noqa: F401
 
+    if os.environ.get(PRELOAD):
+        runpy.run_path(os.environ[PRELOAD], run_name="fork_server_preload")
     # What the imports built stays for the life of every child: moved out of the collector's
     # reach, so the children's collections (vLLM runs ~9 per engine) do not walk it each time
     # (~2.3 s of an in-process engine's ~4.3 s here; ~0.8 s frozen). gc.freeze's documented use.
