@@ -7,8 +7,9 @@ torch 2.13 names every graph Dynamo hands to a backend ``__compiled_fn_<n>_<uuid
 part of AOTAutograd's cache key, so that cache never hits. Here the name is ``__compiled_fn_<n>``,
 as torch's other generated names are: forked from one server, engines of one configuration trace
 the same graphs under the same names. Dynamo still traces every engine; only the code generation
-is reused, and only for a key compiled from scratch earlier in the same run. Engines started
-any other way (a spawned engine core, ``vllm serve``, the tools' own processes) are untouched.
+is reused, and only for a key compiled from scratch earlier in the same run. Processes vLLM
+forks from such an engine (engine core, TP workers) inherit it; engines started any other way
+(``vllm serve``, the tools' own subprocesses) are untouched.
 """
 
 import torch._dynamo.output_graph as output_graph
