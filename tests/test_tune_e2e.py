@@ -8,6 +8,9 @@ import pytest
 from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
 
 from vllm_mtp_plugin.tools.cli import main
+from vllm_mtp_plugin.tools.tune.cli import BUSY_RATIO
+
+MAX_TOKENS = 10
 
 
 def test_tune_measures_every_k_and_concurrency_and_writes_vllms_schedule(checkpoints, tmp_path,
@@ -19,7 +22,7 @@ def test_tune_measures_every_k_and_concurrency_and_writes_vllms_schedule(checkpo
     # fp32, 2 sequences, 1024 tokens: test_mla_verify's engine settings, so the two files' compiled
     # engines on this checkpoint share vLLM's compile cache
     code = main(["tune", str(checkpoints("noisy", acceptance=0.6)), "--prompts", str(prompts),
-                 "--concurrency", "1", "2", "--max-k", "1", "--max-tokens", "10",
+                 "--concurrency", "1", "2", "--max-k", "1", "--max-tokens", str(MAX_TOKENS),
                  "--out", str(out), "--dtype", "float32", "--max-model-len", "1024"])
     assert code == 0
     data = json.loads(out.read_text())
@@ -39,8 +42,8 @@ def test_tune_measures_every_k_and_concurrency_and_writes_vllms_schedule(checkpo
         # however busy the machine was (the median alone would not: other work shares the CPUs)
         assert p["mean_step_ms"] > 0
         tau = data["acceptance"]["acceptance_lengths"][k]
-        seconds = (p["prefill_ms"] + (10 - 1) / tau * (p["mean_step_ms"] + p["outside_ms"])) / 1e3
-        ratio = c * 10 / seconds / p["measured_tok_s"]
+        decode_s = (MAX_TOKENS - 1) / tau * (p["mean_step_ms"] + p["outside_ms"]) / 1e3
+        ratio = c * MAX_TOKENS / (p["prefill_ms"] / 1e3 + decode_s) / p["measured_tok_s"]
         assert 1 / 1.5 < ratio < 1.5, (k, c, ratio)
     (rate,) = data["acceptance"]["per_position"]
     counters = data["acceptance"]["counters_at_max_k"]
@@ -48,7 +51,7 @@ def test_tune_measures_every_k_and_concurrency_and_writes_vllms_schedule(checkpo
     assert rate == pytest.approx(counters["accepted_per_position"][0] / counters["num_drafts"])
     assert sorted(data["best_fixed_k"]) == ["1", "2"]
     printed = capsys.readouterr().out
-    busy = any(p["mean_step_ms"] > 1.5 * p["step_ms"] for p in data["measurements"])
+    busy = any(p["mean_step_ms"] > BUSY_RATIO * p["step_ms"] for p in data["measurements"])
     assert ("decode steps varied" in printed) == busy
     assert "expected tokens/s" in printed and "machine: " in printed
     spec = data["speculative_config"]
