@@ -84,12 +84,17 @@ def test_stored_states_are_what_the_drafter_gets_while_serving(target, collected
                                 zip(sequences, (0, 2, 4))])
     for rows, i in zip(served, (0, 2, 4)):
         assert rows.shape == store.hidden[i].shape
-        # bf16 states of a compiled engine against an eager one: equal up to bf16 rounding
-        # (measured: mean difference 0.7 % of the mean magnitude, largest 0.06 on values ~8).
+        # bf16 states of a compiled engine against an eager one: equal up to bf16 rounding at
+        # almost every position (measured: 0.4-1.7 % of the mean magnitude). Where two experts'
+        # router scores nearly tie, rounding may pick the other expert for that token (measured on
+        # an AMD EPYC: 2 of 24 positions at 25 % and 35 %, their neighbours back at 0.6 %). A
+        # wrong state (pre-norm, shifted by one, another sequence's) is off at every position.
         ours, theirs = rows.float(), store.hidden[i].float()
         diff = (ours - theirs).abs()
-        assert diff.mean() < 0.015 * theirs.abs().mean(), (i, diff.mean())
-        assert diff.max() < 0.05 * theirs.abs().max(), (i, diff.max())
+        per_position = diff.mean(dim=1) / theirs.abs().mean()
+        rounded = per_position < 0.03
+        assert rounded.sum() >= 0.85 * len(rows), (i, per_position)
+        assert diff[rounded].max() < 0.05 * theirs.abs().max(), (i, diff[rounded].max())
 
 
 def test_stored_states_are_the_targets_final_norm_output(target, collected):
