@@ -15,15 +15,16 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Each engine in a process forked from one that has imported vLLM already (tools/fork_server.py).
 os.environ.setdefault("MTP_OFFLINE_FORK_SERVER", "1")
-# Forked engines of a compile key compiled earlier in the run load its generated code from torch's
-# cache (support/stable_graph_names.py: why torch 2.13 needs a patch for that).
+# Forked engines load the code an earlier engine of the run generated for the same graphs from
+# torch's caches (support/torch_caches.py: why torch 2.13 and vLLM need a patch for that).
 os.environ.setdefault("MTP_FORK_SERVER_PRELOAD",
-                      str(Path(__file__).parent / "support" / "stable_graph_names.py"))
+                      str(Path(__file__).parent / "support" / "torch_caches.py"))
 # Inductor's C++ kernels built once per run, whichever compile key asks (support/cxx/g++); the
 # cache lives with this run's vLLM cache (tests/run.sh makes a new one per run).
 if "VLLM_CACHE_ROOT" in os.environ:
     os.environ.setdefault("CXX", str(Path(__file__).parent / "support" / "cxx" / "g++"))
     os.environ.setdefault("MTP_TEST_CXX_CACHE", os.path.join(os.environ["VLLM_CACHE_ROOT"], "cxx"))
+    os.environ.setdefault("MTP_TEST_TORCH_CACHE", os.path.join(os.environ["VLLM_CACHE_ROOT"], "torch"))
 
 from vllm_mtp_plugin.tools.tiny.v3 import build_checkpoint  # noqa: E402
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts  # noqa: E402

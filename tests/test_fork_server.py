@@ -6,6 +6,7 @@ The probes run in the environments the suite's engines run in (``offline.child_e
 use the servers this worker has started for its engines instead of starting their own."""
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -19,6 +20,7 @@ from vllm_mtp_plugin.tools.offline import OfflineConfig, child_env, run_config
 PROBE = """
 import atexit, gc, json, os, sys, threading, time
 import torch._dynamo.output_graph as output_graph
+from torch._inductor.codecache import FxGraphCache
 print("probe ran", flush=True)
 out, code = sys.argv[1], int(sys.argv[2])
 atexit.register(lambda: open(out + ".atexit", "w").write("exit handler ran"))
@@ -27,7 +29,8 @@ json.dump({"argv": sys.argv, "cwd": os.getcwd(), "plugin": os.environ.get("MTP_P
            "test": os.environ.get("PYTEST_CURRENT_TEST"), "server": os.getppid(),
            "name": __name__, "vllm_imported": "vllm.entrypoints.llm" in sys.modules,
            "frozen": gc.get_freeze_count(),
-           "graph_name": output_graph.unique_id("__compiled_fn", with_uuid=True)},
+           "graph_name": output_graph.unique_id("__compiled_fn", with_uuid=True),
+           "fx_graph_cache": FxGraphCache._get_tmp_dir()},
           open(out, "w"))
 if code == 99:
     raise ValueError("probe failed on purpose")
@@ -63,8 +66,11 @@ def test_jobs_run_as_new_interpreters_one_server_per_environment(probe, tmp_path
     assert (first["cwd"], first["plugin"], first["test"]) == (str(tmp_path), "auto", "one")
     assert first["name"] == "__main__" and first["vllm_imported"]  # imported by the server
     assert first["frozen"] > 100_000  # vLLM's modules, out of the collector's reach
-    # The suite's preload ran in the server (support/stable_graph_names.py): no uuid in the name.
+    # The suite's preload ran in the server (support/torch_caches.py): no uuid in the name.
     assert re.fullmatch(r"__compiled_fn_\d+", first["graph_name"]), first["graph_name"]
+    # ... and the FX graph cache is the run's, wherever vLLM points TORCHINDUCTOR_CACHE_DIR.
+    if os.environ.get("MTP_TEST_TORCH_CACHE"):
+        assert first["fx_graph_cache"] == os.path.join(os.environ["MTP_TEST_TORCH_CACHE"], "fxgraph")
     # It ends as an interpreter does: its threads joined, then its exit handlers.
     assert (first["thread"], first["atexit"]) == ("joined", "exit handler ran")
     # Another test's name is not another environment: the same server forks it, with its name.

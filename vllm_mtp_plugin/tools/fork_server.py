@@ -36,7 +36,7 @@ from typing import NoReturn
 
 SWITCH = "MTP_OFFLINE_FORK_SERVER"
 # A Python file the server runs after its imports, before it forks: a setting every child of the
-# server starts with (the test suite's tests/support/stable_graph_names.py).
+# server starts with (the test suite's tests/support/torch_caches.py).
 PRELOAD = "MTP_FORK_SERVER_PRELOAD"
 MAX_SERVERS = 3
 # Changes from test to test and is read by nothing during the server's imports: set in the child.
