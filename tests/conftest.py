@@ -25,6 +25,13 @@ if "VLLM_CACHE_ROOT" in os.environ:
     os.environ.setdefault("CXX", str(Path(__file__).parent / "support" / "cxx" / "g++"))
     os.environ.setdefault("MTP_TEST_CXX_CACHE", os.path.join(os.environ["VLLM_CACHE_ROOT"], "cxx"))
     os.environ.setdefault("MTP_TEST_TORCH_CACHE", os.path.join(os.environ["VLLM_CACHE_ROOT"], "torch"))
+# ... and so do engines in the processes tests start or vLLM spawns (servers, engine cores,
+# workers, tensor-parallel ranks): the suite's sitecustomize runs support/torch_caches.py there.
+if os.environ.get("MTP_TEST_TORCH_CACHE"):
+    _site = str(Path(__file__).parent / "mrv2_harness")
+    _path = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if _site not in _path:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [_site, *_path] if p)
 
 from vllm_mtp_plugin.tools.tiny.v3 import build_checkpoint  # noqa: E402
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts  # noqa: E402

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 import types
 
@@ -131,3 +132,32 @@ def test_an_engine_forked_from_the_server_reports_what_a_plain_process_does(
         assert forked[key] == plain[key], key
     assert forked["drafter"]["class"] == plain["drafter"]["class"]
     assert 0 < plain["spec_decode"]["num_accepted_tokens"] < plain["spec_decode"]["num_draft_tokens"]
+
+
+SPAWNED_PROBE = """
+import json, sys
+torch_at_start = "torch" in sys.modules
+import torch._dynamo.output_graph as output_graph
+from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+from torch._inductor.codecache import FxGraphCache
+print(json.dumps({"torch_at_start": torch_at_start,
+                  "graph_name": output_graph.unique_id("__compiled_fn", with_uuid=True),
+                  "fx_graph_cache": FxGraphCache._get_tmp_dir(),
+                  "aot_autograd_cache": AOTAutogradCache._get_tmp_dir()}))
+"""
+
+
+@pytest.mark.skipif(not os.environ.get("MTP_TEST_TORCH_CACHE"),
+                    reason="MTP_TEST_TORCH_CACHE is set only with VLLM_CACHE_ROOT (tests/run.sh sets it)")
+def test_processes_started_otherwise_share_the_runs_torch_cache():
+    """An interpreter started as vLLM spawns engine cores and workers (this environment, nothing
+    preloaded) gets the same patches through the suite's sitecustomize, when torch's compiler is
+    imported, not before."""
+    done = subprocess.run([sys.executable, "-c", SPAWNED_PROBE], capture_output=True, text=True,
+                          timeout=120, check=True)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    shared = os.environ["MTP_TEST_TORCH_CACHE"]
+    assert report["torch_at_start"] is False
+    assert re.fullmatch(r"__compiled_fn_\d+", report["graph_name"]), report["graph_name"]
+    assert report["fx_graph_cache"] == os.path.join(shared, "fxgraph")
+    assert report["aot_autograd_cache"] == os.path.join(shared, "aotautograd")

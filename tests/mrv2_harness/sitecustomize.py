@@ -36,6 +36,10 @@ A third, ``MTP_TEST_HIDE_AVX512=1``, makes this machine look like a CPU without 
 torch and vLLM in every process (``vllm_mtp_plugin.tools.cpu_features.hide_avx512``); it must act
 before torch is imported, hence here. ``tests/run_without_avx512.sh`` puts this directory on
 ``PYTHONPATH`` for it.
+
+A fourth, ``MTP_TEST_TORCH_CACHE`` (a directory), runs ``tests/support/torch_caches.py``: engines
+of the test run share the code torch generated (see that file). ``tests/conftest.py`` sets it and
+puts this directory on ``PYTHONPATH`` for the whole suite.
 """
 
 import os
@@ -188,8 +192,21 @@ def _hide_avx512() -> None:
     module.hide_avx512()
 
 
+def _shared_torch_caches() -> None:
+    """The suite's torch cache patches (``tests/support/torch_caches.py``, loaded from its file)
+    in every process a test starts or vLLM spawns; it acts when torch's compiler is imported."""
+    import importlib.util
+
+    tests = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    path = os.path.join(tests, "support", "torch_caches.py")
+    spec = importlib.util.spec_from_file_location("_mtp_test_torch_caches", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
 if os.environ.get("MTP_TEST_HIDE_AVX512") == "1":
     _hide_avx512()
+if os.environ.get("MTP_TEST_TORCH_CACHE"):
+    _shared_torch_caches()
 if os.environ.get(SWITCH) == "1":
     _install_cpu_backend()
 if os.environ.get(V4_TILE_FIX_SWITCH) == "1" and os.environ.get("VLLM_PLUGINS") == "":
