@@ -77,8 +77,11 @@ def test_jobs_run_as_new_interpreters_one_server_per_environment(probe, tmp_path
     # Another test's name is not another environment: the same server forks it, with its name.
     code, second, _ = probe(3, PYTEST_CURRENT_TEST="two")
     assert code == 3 and second["test"] == "two" and second["server"] == first["server"]
-    code, other, _ = probe(0, "in-tree")
-    assert code == 0 and other["plugin"] == "off" and other["server"] != first["server"]
+    # Nor is the drafter class (MTP_PLUGIN, read when vLLM loads plugins): the child gets it.
+    code, in_tree, _ = probe(0, "in-tree")
+    assert code == 0 and in_tree["plugin"] == "off" and in_tree["server"] == first["server"]
+    code, other, _ = probe(0, MTP_FORK_SERVER_PROBE_VARIABLE="1")
+    assert code == 0 and other["server"] != first["server"]
 
 
 def test_a_failing_job_leaves_its_traceback_and_a_slow_one_is_killed(probe):

@@ -11,8 +11,8 @@ garbage collector's reach first (``gc.freeze``). A child ends as that interprete
 code, a traceback in its log, its threads joined, vLLM's exit handlers run), except for the module
 teardown, which only frees memory.
 
-One server per environment (the key leaves out ``PYTEST_CURRENT_TEST``, which changes per test
-and is read by nothing at import); at most ``MAX_SERVERS`` live per process, the least recently
+One server per environment (the key leaves out ``NOT_IN_KEY``: variables read by nothing at
+import); at most ``MAX_SERVERS`` live per process, the least recently
 used is stopped. ``offline.run_config`` uses it when ``MTP_OFFLINE_FORK_SERVER=1`` (the test
 suite sets it); by default every engine runs in a plain new process.
 """
@@ -39,8 +39,10 @@ SWITCH = "MTP_OFFLINE_FORK_SERVER"
 # server starts with (the test suite's tests/support/torch_caches.py).
 PRELOAD = "MTP_FORK_SERVER_PRELOAD"
 MAX_SERVERS = 3
-# Changes from test to test and is read by nothing during the server's imports: set in the child.
-NOT_IN_KEY = ("PYTEST_CURRENT_TEST",)
+# Read by nothing during the server's imports, so set in the child only: the test's name, and which
+# drafter class the plugin registers (read when vLLM loads plugins, in the engine: precedence.py),
+# so that the plugin's and vLLM's drafter share one server.
+NOT_IN_KEY = ("PYTEST_CURRENT_TEST", "MTP_PLUGIN")
 # A new server answers its first job after importing vLLM (~8 s alone, longer on a busy machine).
 START_TIMEOUT = 300.0
 
