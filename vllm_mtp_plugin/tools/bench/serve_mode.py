@@ -8,7 +8,6 @@ Draft-model memory is not visible from outside the server: use offline mode for 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
