@@ -93,8 +93,8 @@ def install() -> None:
     for name, patch in PATCHES.items():
         if name in sys.modules:
             patch(sys.modules[name])
-    if not any(isinstance(finder, _PatchAfterImport) or type(finder).__name__ == "_PatchAfterImport"
-               for finder in sys.meta_path):
+    # By name: the fork server's preload and the sitecustomize load this file as two modules.
+    if not any(type(finder).__name__ == _PatchAfterImport.__name__ for finder in sys.meta_path):
         sys.meta_path.insert(0, _PatchAfterImport())
 
 

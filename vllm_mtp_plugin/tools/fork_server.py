@@ -12,9 +12,9 @@ code, a traceback in its log, its threads joined, vLLM's exit handlers run), exc
 teardown, which only frees memory.
 
 One server per environment (the key leaves out ``NOT_IN_KEY``: variables read by nothing at
-import); at most ``MAX_SERVERS`` live per process, the least recently
-used is stopped. ``offline.run_config`` uses it when ``MTP_OFFLINE_FORK_SERVER=1`` (the test
-suite sets it); by default every engine runs in a plain new process.
+import); at most ``MAX_SERVERS`` live per process, the least recently used is stopped.
+``offline.run_config`` uses it when ``MTP_OFFLINE_FORK_SERVER=1`` (the test suite sets it); by
+default every engine runs in a plain new process.
 """
 
 from __future__ import annotations
