@@ -36,9 +36,25 @@ if os.environ.get("MTP_TEST_TORCH_CACHE"):
 from vllm_mtp_plugin.tools.tiny.v3 import build_checkpoint  # noqa: E402
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts  # noqa: E402
 from support.shared_build import build_once, run_root  # noqa: E402
+from support import model_infos  # noqa: E402
 
 
 SUITE_ENVIRONMENT = dict(os.environ)
+
+
+def pytest_sessionstart(session):
+    """vLLM's model-class inspections for the run's cache root, once, in the background while the
+    workers start (``support/model_infos.py``); in the controller only, before xdist starts them."""
+    root = os.environ.get("VLLM_CACHE_ROOT")
+    if root and not os.environ.get("PYTEST_XDIST_WORKER"):
+        model_infos.start(Path(root), Path(root) / "modelinfos.log")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _model_classes_inspected():
+    """No engine starts before the inspections above have ended."""
+    if os.environ.get("VLLM_CACHE_ROOT"):
+        model_infos.wait(Path(os.environ["VLLM_CACHE_ROOT"]))
 
 
 @pytest.fixture(autouse=True)
