@@ -46,6 +46,32 @@ print(json.dumps({"out": out.tolist(), "target": [target.backend, target.arch, t
                   "backends": sorted(backends)}))
 """
 
+HELPER_CALLS = """
+import json, torch, triton, triton.language as tl
+from triton.runtime import interpreter
+
+patched = []  # what Triton's _patch_lang patches, one entry per module it walks
+walk = interpreter._patch_builtin
+interpreter._patch_builtin = lambda module, *a: patched.append(module.__name__) or walk(module, *a)
+
+@triton.jit
+def double_plus_one(v):
+    return v * 2 + tl.math.exp(v * 0)
+
+@triton.jit
+def kernel(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x + offs, mask=offs < n)
+    tl.store(out + offs, double_plus_one(double_plus_one(v)), mask=offs < n)
+
+arange = tl.arange
+x, out, walks = torch.arange(10, dtype=torch.float32), torch.empty(10), []
+for launch in range(2):
+    kernel[(3,)](x, out, 10, BLOCK=4)  # 3 programs x 2 helper calls each
+    walks.append(len(patched))
+print(json.dumps({"out": out.tolist(), "walks": walks, "restored": tl.arange is arange}))
+"""
+
 TOPK_TOPP = """
 import json, torch
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
@@ -83,6 +109,18 @@ def test_switched_on_triton_runs_kernels_interpreted_on_a_cpu_target():
     assert facts["out"] == [i + 0.5 for i in range(10)]
     assert facts["target"] == ["cpu", 0, 64]
     assert "cpu" in facts["backends"]
+
+
+@pytest.mark.skipif(not needs_interpreter(), reason="V2 runs natively here: no harness")
+def test_jitted_helpers_run_without_patching_the_language_again():
+    """Triton walks ``triton.language`` once per launch, not again in each helper call of each
+    program (``_device_calls_reuse_the_launch_patches``), and restores it after the grid."""
+    facts = _python(HELPER_CALLS, harness_env())
+    assert facts["out"] == [4 * i + 3 for i in range(10)]
+    per_launch = facts["walks"][0]
+    assert per_launch == 4  # tl, tl.tensor, tl.math, tl.core.tensor_descriptor_base (Triton 3.9)
+    assert facts["walks"] == [per_launch, 2 * per_launch]  # 6 helper calls each: 24 more walks
+    assert facts["restored"]
 
 
 @pytest.mark.skipif(not needs_interpreter(), reason="V2 runs natively here: no harness")
