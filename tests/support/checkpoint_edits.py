@@ -77,10 +77,19 @@ def write_raw(path: Path, tensors: RawTensors) -> None:
 
 
 def same_target(one: Path, two: Path) -> bool:
-    """Whether two tiny checkpoints hold the same target weights (the second has more MTP
-    layers): a k = 0 run of one is then the baseline of the other."""
+    """Whether two tiny checkpoints hold the same target weights (their MTP layers may differ in
+    number and content): a k = 0 run of one is then the baseline of the other."""
+    import json
+    import re
+
     from safetensors.torch import load_file
     import torch
 
-    a, b = (load_file(str(Path(path) / "model.safetensors")) for path in (one, two))
-    return set(a) < set(b) and all(torch.equal(a[name], b[name]) for name in a)
+    def target(path: Path) -> dict:
+        layers = json.loads((Path(path) / "config.json").read_text())["num_hidden_layers"]
+        tensors = load_file(str(Path(path) / "model.safetensors"))
+        return {name: t for name, t in tensors.items()
+                if not (m := re.match(r"model\.layers\.(\d+)\.", name)) or int(m[1]) < layers}
+
+    a, b = target(one), target(two)
+    return set(a) == set(b) and all(torch.equal(a[name], b[name]) for name in a)
