@@ -169,24 +169,22 @@ def _device_calls_reuse_the_launch_patches() -> None:
         return {id(v) for v in fn.__globals__.values()
                 if inspect.ismodule(v) and v in (tl, tl.core)}
 
-    class LaunchScope:
-        def __init__(self, scope, langs):
-            self.scope, running.langs = scope, langs
+    class LaunchScope:  # Triton's scope of a launch; the launch restores it after the grid
+        def __init__(self, scope):
+            self.scope = scope
 
         def restore(self):
             running.langs = None
             self.scope.restore()
 
-    class NothingToPatch:
-        def restore(self):
-            pass
-
     def patch_lang_once(fn):
         patched = getattr(running, "langs", None)
         if patched is None:  # a kernel launch (helpers run only inside one)
-            return LaunchScope(patch_lang(fn), lang_modules(fn))
+            scope = LaunchScope(patch_lang(fn))
+            running.langs = lang_modules(fn)
+            return scope
         if lang_modules(fn) <= patched:
-            return NothingToPatch()
+            return interpreter._LangPatchScope()  # empty: nothing to patch, nothing to restore
         return patch_lang(fn)
 
     interpreter._patch_lang = patch_lang_once
