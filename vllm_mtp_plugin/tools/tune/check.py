@@ -124,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_line(tune["machine"]) if tune.get("machine") else ""
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "check.md").write_text(text(verdicts, machine) + "\n")
-    (args.out / "check.json").write_text(json.dumps(verdicts, indent=1))
+    from ..provenance import portable, run_record
+
+    record = {"run": run_record(), "tune_machine": tune.get("machine"), "verdicts": verdicts}
+    (args.out / "check.json").write_text(json.dumps(portable(record), indent=1))
     measured_against_pick(verdicts, args.out / "tune_vs_fixed.png",
                           f"{Path(tune['settings']['model']).name}: fixed k against tune's pick")
     print(text(verdicts, machine))

@@ -188,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     from ..bench.cli import environment
     from ..bench.report import machine_line
 
+    from ..provenance import portable
+
     data["machine"] = environment()
-    args.out.write_text(json.dumps(data, indent=1))
+    args.out.write_text(json.dumps(portable(data), indent=1))
     print(machine_line(data["machine"]))
     print(summary_text(data))
     if not args.no_plot:
