@@ -44,7 +44,9 @@ def acceptance(model: Path, ks=(1, 2, 3), prompts: list[str] | None = None) -> d
                                        default_process_mode=False))
         spec = run["spec_decode"]
         rows[k] = {"per_position": spec["per_position_acceptance"],
-                   "acceptance_length": 1 + spec["num_accepted_tokens"] / spec["num_drafts"]}
+                   "acceptance_length": 1 + spec["num_accepted_tokens"] / spec["num_drafts"],
+                   "num_drafts": spec["num_drafts"],
+                   "accepted_per_position": spec["accepted_per_position"]}
         print(model.name, k, rows[k], flush=True)
     return rows
 

@@ -1,0 +1,47 @@
+"""The generated parts of the docs, by the name a doc's ``<!-- results: NAME -->`` marker uses."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from . import acceptance, model, speed, training, tune
+from .common import View
+
+TRAINED = (acceptance.TRAINED,)
+TUNE = tuple(f"benchmarks/results/tune-{name}/{f}" for name in tune.MODELS
+             for f in ("check.json", "tune.json"))
+
+VIEWS: dict[str, View] = {
+    "trained-quality": View(model.quality_table, (model.RECORD,)),
+    "trained-quality-sentence": View(model.quality_sentence, (model.RECORD,)),
+    "trained-parameters": View(model.parameters, (model.RECORD,)),
+    "trained-acceptance": View(acceptance.trained_acceptance, TRAINED),
+    "trained-acceptance-intervals": View(acceptance.trained_intervals, TRAINED),
+    "trained-first-position-t0": View(partial(acceptance.first_position_range, 0.0), TRAINED),
+    "trained-first-position-t1": View(partial(acceptance.first_position_range, 1.0), TRAINED),
+    **{f"trained-k3-{kind}": View(partial(acceptance.k3_positions, kind), TRAINED)
+       for kind in acceptance.KINDS},
+    "trained-speed": View(speed.trained_speed, TRAINED),
+    **{f"verify-{name}": View(partial(speed.verify_table, name), (path,))
+       for name, path in speed.VERIFY.items()},
+    **{f"bench-{name}": View(partial(speed.full_table, name), (path,))
+       for name, path in speed.FULL.items()},
+    **{f"tune-{name}-fixed-k3-cost": View(partial(tune.fixed_k_cost, name, 3), TUNE)
+       for name in tune.MODELS},
+    **{f"tune-{name}-config": View(partial(tune.printed_config, name), TUNE) for name in tune.MODELS},
+    "tune": View(partial(tune.tune_table, False), TUNE),
+    "tune-ranges": View(partial(tune.tune_table, True), TUNE),
+    **{f"tune-{name}-c1-k3": View(partial(tune.k_over_no_speculation, name, 1, 3), TUNE)
+       for name in tune.MODELS},
+    **{f"training-{proof}": View(partial(training.proof_table, proof), (training.file(proof),))
+       for proof in training.LAYERS},
+    "training-graft-vs-joint": View(partial(
+        training.compare, "graft", "trained_from_scratch", "jointly_trained", 1, 0),
+        (training.file("graft"),)),
+    "training-recursive-position-3": View(partial(
+        training.compare, "recursive", "depth3_recursive", "depth1", 3, 2),
+        (training.file("recursive"),)),
+    "training-refresh-vs-old": View(partial(
+        training.compare, "refresh", "fine_tuned_refreshed_on_cpp", "fine_tuned_old_layer_on_cpp",
+        1, 0), (training.file("refresh"),)),
+}

@@ -1,0 +1,71 @@
+"""Acceptance of the trained tiny DeepSeek per prompt kind and temperature, from vLLM's counters
+(``benchmarks/results/trained``), with the drafts counted and 95 % intervals."""
+
+from __future__ import annotations
+
+from vllm_mtp_plugin.tools.bench.stats import distinct_drafts, wilson
+
+from .common import bench_rows, one_row, rate, source_line, table
+
+TRAINED = "benchmarks/results/trained/results.json"
+KINDS = ("code", "prose", "chat")
+
+
+def _temperatures() -> list[float]:
+    return sorted({r["temperature"] for r in bench_rows(TRAINED, impl="plugin")})
+
+
+def _same_counters(k: int, kind: str, temperature: float) -> bool:
+    rows = [one_row(TRAINED, impl=impl, k=k, prompts=kind, temperature=temperature)
+            for impl in ("plugin", "in-tree")]
+    return rows[0]["spec_decode"] == rows[1]["spec_decode"]
+
+
+def trained_acceptance() -> str:
+    """Per position at k = 1, 2, 3 and the acceptance length; drafts counted once."""
+    rows, identical = [], True
+    for temperature in _temperatures():
+        for kind in KINDS:
+            cells, lengths, drafts = [kind, f"{temperature:g}"], [], []
+            for k in (1, 2, 3):
+                row = one_row(TRAINED, impl="plugin", k=k, prompts=kind, temperature=temperature)
+                cells.append(" ".join(rate(p) for p in row["per_position_acceptance"]))
+                lengths.append(rate(row["mean_acceptance_length"]))
+                drafts.append(f"{distinct_drafts(row)[0]:.0f}")
+                identical &= _same_counters(k, kind, temperature)
+            rows.append(cells + [" / ".join(lengths), " / ".join(drafts)])
+    text = table(["prompts", "T", "k = 1", "k = 2", "k = 3", "acceptance length k = 1 / 2 / 3",
+                  "drafts k = 1 / 2 / 3"], rows)
+    same = ("vLLM's in-tree class gave the same counters in every row" if identical else
+            "**the in-tree class's counters differ in some rows** (see the results file)")
+    return f"{text}\n\nPlugin; {same}. {source_line(TRAINED)}"
+
+
+def trained_intervals() -> str:
+    """k = 3 per position with its 95 % interval: what a comparison between kinds can rest on."""
+    rows = []
+    for temperature in _temperatures():
+        for kind in KINDS:
+            row = one_row(TRAINED, impl="plugin", k=3, prompts=kind, temperature=temperature)
+            drafts, accepted = distinct_drafts(row)
+            cells = []
+            for a in accepted:
+                low, high = wilson(a, drafts)
+                cells.append(f"{a / drafts:.2f} [{low:.2f}–{high:.2f}]")
+            rows.append([kind, f"{temperature:g}", f"{drafts:.0f}", *cells])
+    text = table(["prompts", "T", "drafts", "position 1", "position 2", "position 3"], rows)
+    return (f"{text}\n\nk = 3, plugin; 95 % Wilson intervals over the drafts of one pass (engine "
+            f"processes replay the same requests). {source_line(TRAINED)}")
+
+
+def first_position_range(temperature: float) -> str:
+    """"0.68–0.79": the first position's acceptance over the prompt kinds at k = 1."""
+    values = [one_row(TRAINED, impl="plugin", k=1, prompts=kind,
+                      temperature=temperature)["per_position_acceptance"][0] for kind in KINDS]
+    return f"{min(values):.2f}–{max(values):.2f}"
+
+
+def k3_positions(kind: str) -> str:
+    """"0.77 / 0.45 / 0.34": greedy acceptance per position at k = 3 for one prompt kind."""
+    row = one_row(TRAINED, impl="plugin", k=3, prompts=kind, temperature=0.0)
+    return " / ".join(rate(p) for p in row["per_position_acceptance"])

@@ -1,0 +1,32 @@
+"""The trained tiny DeepSeek's held-out quality, from the record its build writes beside the
+weights (``vllm_mtp_plugin/tools/data/trained/training.json``)."""
+
+from __future__ import annotations
+
+from .common import load, table
+
+RECORD = "vllm_mtp_plugin/tools/data/trained/training.json"
+
+
+def quality_table() -> str:
+    record = load(RECORD)
+    rows = [[kind, f"{m['perplexity']:.1f}", f"{m['unigram_perplexity']:.0f}",
+             f"{100 * m['mtp_top1_accuracy']:.1f} %"] for kind, m in record["metrics"].items()]
+    tokens = {m["tokens"] for m in record["metrics"].values()}
+    return (table(["", "perplexity", "unigram perplexity",
+                   "MTP top-1 accuracy (token after next)"], rows)
+            + f"\n\n{'/'.join(f'{t:,}' for t in sorted(tokens))} held-out tokens per kind. "
+              f"Source: `{RECORD}`, written by `vllm-mtp build-tiny --mode trained --rebuild`.")
+
+
+def quality_sentence() -> str:
+    m = load(RECORD)["metrics"]
+    return (f"Held out, its perplexity is {m['prose']['perplexity']:.1f} on prose and "
+            f"{m['code']['perplexity']:.1f} on code (unigram: {m['prose']['unigram_perplexity']:.0f} "
+            f"and {m['code']['unigram_perplexity']:.0f}); its MTP layer predicts the token after "
+            f"next right {100 * m['prose']['mtp_top1_accuracy']:.0f} % (prose) and "
+            f"{100 * m['code']['mtp_top1_accuracy']:.0f} % (code) of the time")
+
+
+def parameters() -> str:
+    return f"{load(RECORD)['parameters'] / 1e6:.1f} M"

@@ -1,0 +1,75 @@
+"""Speed figures: speed-up over no speculation, verification against its floor, the bench's own
+full tables; each with the range over engine processes where a run had several."""
+
+from __future__ import annotations
+
+from vllm_mtp_plugin.tools.bench import report
+
+from .acceptance import KINDS, TRAINED, _temperatures
+from .common import bench_rows, load, one_row, rate, source_line, table
+
+VERIFY = {"trained": "benchmarks/results/verify-trained/results.json",
+          "bench": "benchmarks/results/verify-bench/results.json",
+          "avx2": "benchmarks/results/verify-avx2/results.json"}
+FULL = {"offline": "benchmarks/results/offline/results.json",
+        "sizes": "benchmarks/results/sizes/results.json",
+        "serve": "benchmarks/results/serve/results.json"}
+
+
+def _speedup(row: dict) -> str:
+    return "–" if row.get("speedup") is None else f"{row['speedup']:.2f}"
+
+
+def trained_speed() -> str:
+    """Speed-up against k = 0 of the same kind and temperature, and what it is made of at k = 3."""
+    rows = []
+    for temperature in _temperatures():
+        for kind in KINDS:
+            def at(impl, k):
+                return one_row(TRAINED, impl=impl, k=k, prompts=kind, temperature=temperature)
+            ours = [at("plugin", k) for k in (1, 2, 3)]
+            theirs = [at("in-tree", k) for k in (1, 2, 3)]
+            rows.append([kind, f"{temperature:g}", " / ".join(_speedup(r) for r in ours),
+                         " / ".join(_speedup(r) for r in theirs),
+                         rate(ours[2]["output_tok_s"] / theirs[2]["output_tok_s"]),
+                         rate(ours[2].get("verify_cost_ratio")), rate(ours[2].get("draft_cost_ratio"))])
+    text = table(["prompts", "T", "speed-up k = 1 / 2 / 3 (plugin)", "in-tree",
+                  "plugin / in-tree tok/s k = 3", "verify cost k = 3 (decode steps)",
+                  "draft cost c k = 3"], rows)
+    other = max(r["interference"]["other_cpu_s"] for r in bench_rows(TRAINED))
+    return (f"{text}\n\nMedian of 2 engine processes per configuration; other processes used at "
+            f"most {other:.1f} CPU-seconds during any configuration. {source_line(TRAINED)}")
+
+
+def verify_table(name: str) -> str:
+    """Verification with and without ``mla_verify_as_decode`` (``VLLM_MTP_MLA_VERIFY=0``), next
+    to its floor; the other CPU seconds of each pair say whether the run was quiet."""
+    relative = VERIFY[name]
+    rows = []
+    for impl in ("plugin", "in-tree"):
+        for k in sorted({r["k"] for r in bench_rows(relative, impl=impl) if r["k"]}):
+            on, off = (one_row(relative, impl=impl, k=k, mla_verify=m, floor_only=False)
+                       for m in ("on", "off"))
+
+            def pair(field, fmt="{:.2f}"):
+                return " → ".join("–" if r.get(field) is None else fmt.format(r[field])
+                                  for r in (off, on))
+            rows.append([impl, str(k), pair("verify_cost_ratio"), pair("verify_over_floor"),
+                         pair("draft_cost_ratio"), pair("speedup", "{:.2f}×"),
+                         " / ".join(f"{r['interference']['other_cpu_s']:.1f}" for r in (off, on))])
+    base = [r for r in bench_rows(relative) if r["k"] == 0 and not r.get("floor_only")]
+    t0 = sorted(r["steps"]["step_ms"] for r in base)[len(base) // 2]
+    floors = sorted({(r["k"], round(r["floor_ratio"], 2)) for r in bench_rows(relative)
+                     if r.get("floor_ratio")})
+    text = table(["impl", "k", "verify, off → on", "verify / floor, off → on",
+                  "draft c, off → on", "speed-up, off → on", "other CPU s, off / on"], rows)
+    return (f"{text}\n\nDecode step T0 = {t0:.1f} ms (k = 0, median over its rows); floor "
+            + ", ".join(f"{f:.2f} at k = {k}" for k, f in floors)
+            + f"; one engine process per configuration. {source_line(relative)}")
+
+
+def full_table(name: str) -> str:
+    """The bench's own table of a run, as ``vllm-mtp bench report`` renders it."""
+    relative = FULL[name]
+    rows = load(relative)["results"]
+    return f"{report.markdown_table(rows)}\n\n{source_line(relative)}"

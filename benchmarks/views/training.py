@@ -1,0 +1,91 @@
+"""``vllm-mtp train``'s proofs (``benchmarks/results/training``): acceptance per position of each
+served layer, with 95 % intervals, and comparisons that say "within noise" unless they separate."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from math import lcm
+
+from vllm_mtp_plugin.tools.bench.stats import comparison, wilson
+
+from .common import load, table
+
+TRAINING = "benchmarks/results/training"
+TOKENS_PER_PROMPT = 64
+HELD_OUT_PROMPTS = {"graft": 8, "recursive": 8, "foreign": 8, "refresh": 12}
+LAYERS = {
+    "graft": [("untrained (the initial layer)", "untrained_initial_layer"),
+              ("jointly trained with the target (shipped)", "jointly_trained"),
+              ("trained by `vllm-mtp train` from scratch", "trained_from_scratch")],
+    "recursive": [("depth 1", "depth1"), ("depth 3, recursive", "depth3_recursive")],
+    "refresh": [("base target + its layer", "base_on_cpp"),
+                ("fine-tuned target + old layer", "fine_tuned_old_layer_on_cpp"),
+                ("fine-tuned target + refreshed layer", "fine_tuned_refreshed_on_cpp")],
+}
+
+
+def file(proof: str) -> str:
+    return f"{TRAINING}/{proof}.json"
+
+
+def drafts(proof: str, figures: dict) -> tuple[int, bool]:
+    """Drafts behind one k's figures: stored by newer runs; for older ones the count that makes
+    every per-position rate a whole number of accepted drafts, nearest to generated tokens /
+    acceptance length (True when so recovered)."""
+    if figures.get("num_drafts"):
+        return int(figures["num_drafts"]), False
+    estimate = HELD_OUT_PROMPTS[proof] * TOKENS_PER_PROMPT / figures["acceptance_length"]
+    step = lcm(*(Fraction(p).limit_denominator(2000).denominator for p in figures["per_position"]))
+    return max(step, round(estimate / step) * step), True
+
+
+def interval(proof: str, figures: dict, position: int) -> tuple[float, float]:
+    n, _ = drafts(proof, figures)
+    return wilson(figures["per_position"][position] * n, n)
+
+
+def _cell(proof: str, figures: dict | None) -> str:
+    if not figures:
+        return ""
+    return " / ".join(f"{p:.3f} [{low:.2f}–{high:.2f}]" for p, (low, high) in
+                      ((p, interval(proof, figures, i)) for i, p in enumerate(figures["per_position"])))
+
+
+def _run_line(proof: str) -> str:
+    data = load(file(proof))
+    run = data.get("run")
+    if run:
+        from .common import provenance
+        return f"Source: `{file(proof)}`: {provenance(run)}."
+    if "stopped_at_step" in data.get("train", {}):
+        return (f"Source: `{file(proof)}`: {data['date']}, {data['machine']}. **Not reproduced by "
+                f"a repo command**: that run was stopped at training step "
+                f"{data['train']['stopped_at_step']} of {data['train']['of_steps']} and its layer "
+                f"exported by hand; `python benchmarks/train_proofs.py {proof}` runs it in full.")
+    return (f"Source: `{file(proof)}`: {data['date']}, {data['machine']}; written by "
+            f"`python benchmarks/train_proofs.py {proof}` before results recorded their commit.")
+
+
+def proof_table(proof: str) -> str:
+    """One proof's layers at k = 1, 2, 3: per position [95 % interval], acceptance length at 3."""
+    data, rows, recovered = load(file(proof)), [], False
+    for label, key in LAYERS[proof]:
+        per_k = data[key]
+        cells = [_cell(proof, per_k.get(str(k))) for k in (1, 2, 3)]
+        length = per_k.get("3", {}).get("acceptance_length")
+        rows.append([label, *cells, "" if length is None else f"{length:.2f}",
+                     " / ".join(str(drafts(proof, per_k[str(k)])[0]) for k in (1, 2, 3)
+                                if str(k) in per_k)])
+        recovered |= any(drafts(proof, f)[1] for f in per_k.values())
+    text = table(["layer", "k = 1", "k = 2", "k = 3", "acceptance length at k = 3",
+                  "drafts k = 1 / 2 / 3"], rows)
+    note = (" Drafts were not stored by this run: counted back from the rates and the tokens "
+            "generated." if recovered else "")
+    return (f"{text}\n\nPer position with its 95 % Wilson interval.{note} {_run_line(proof)}")
+
+
+def compare(proof: str, a: str, b: str, k: int, position: int) -> str:
+    """"higher" / "lower" / "within noise": layer a against layer b at one k and position."""
+    data = load(file(proof))
+    return comparison(interval(proof, data[a][str(k)], position),
+                      interval(proof, data[b][str(k)], position))

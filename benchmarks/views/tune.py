@@ -1,0 +1,70 @@
+"""``vllm-mtp tune``'s pick against sweeps of fixed k (``benchmarks/results/tune-*``): tokens/s
+per k as the median of every measured pass, with the lowest and highest pass."""
+
+from __future__ import annotations
+
+from .common import load, source_line, table
+
+MODELS = {"bench": "`bench` preset, 457 M", "trained": "trained, 8.4 M"}
+
+
+def _files(name: str) -> tuple[str, str]:
+    return f"benchmarks/results/tune-{name}/check.json", f"benchmarks/results/tune-{name}/tune.json"
+
+
+def verdicts(name: str) -> list[dict]:
+    data = load(_files(name)[0])
+    return data["verdicts"] if isinstance(data, dict) else data
+
+
+def _tok_s(figure: dict, ranges: bool) -> str:
+    text = f"{figure['median']:.1f}"
+    return text + (f" [{figure['low']:.1f}–{figure['high']:.1f}]" if ranges else "")
+
+
+def _best(v: dict) -> str:
+    return f"{v['measured_best_k']}" + (" (within noise)" if v["pick"] == "within noise" else "")
+
+
+def tune_table(ranges: bool) -> str:
+    """Both models; ``ranges`` adds each k's lowest and highest pass and tune's verdict."""
+    rows = []
+    for name, label in MODELS.items():
+        for i, v in enumerate(verdicts(name)):
+            ks = sorted(v["tok_s"], key=int)
+            cells = [label if i == 0 else "", str(v["concurrency"]),
+                     *(_tok_s(v["tok_s"][k], ranges) for k in ks),
+                     str(v["tuned_k"]), _best(v), f"{v['tuned_over_no_speculation']:.2f}×"]
+            rows.append(cells + ([v["pick"]] if ranges else []))
+    header = ["model", "concurrency", *(f"k = {k}" for k in range(4)), "tune's k", "measured best",
+              "tuned ÷ k = 0"] + (["tune's pick"] if ranges else [])
+    passes = {v["tok_s"]["0"]["passes"] for name in MODELS for v in verdicts(name)}
+    sources = [f for name in MODELS for f in _files(name)[1:]]
+    return (f"{table(header, rows)}\n\nOutput tokens/s, median of {'/'.join(map(str, sorted(passes)))} "
+            f"passes from 2 engine processes per k" + (", [lowest–highest pass]" if ranges else "")
+            + f"; sweeps in `offline-c*/results.json` beside each. {source_line(*sources)}")
+
+
+def k_over_no_speculation(name: str, concurrency: int, k: int) -> str:
+    """"0.81×": the sweep's median tokens/s at k over k = 0 at one concurrency."""
+    v = next(v for v in verdicts(name) if v["concurrency"] == concurrency)
+    return f"{v['tok_s'][str(k)]['median'] / v['tok_s']['0']['median']:.2f}×"
+
+
+def fixed_k_cost(name: str, k: int) -> str:
+    """"19–42 %": what a fixed k cost against no speculation over the concurrencies where it lost
+    ("none" where it never did)."""
+    losses = [1 - v["tok_s"][str(k)]["median"] / v["tok_s"]["0"]["median"] for v in verdicts(name)]
+    losses = [loss for loss in losses if loss > 0]
+    if not losses:
+        return "none"
+    low, high = min(losses), max(losses)
+    return f"{100 * low:.0f} %" if round(100 * low) == round(100 * high) else \
+        f"{100 * low:.0f}–{100 * high:.0f} %"
+
+
+def printed_config(name: str) -> str:
+    """The ``--speculative-config`` tune printed, as stored in its ``tune.json``."""
+    import json
+
+    return f"`{json.dumps(load(_files(name)[1])['speculative_config'])}`"
