@@ -28,7 +28,7 @@ VIEWS: dict[str, View] = {
        for name, path in speed.FULL.items()},
     **{f"tune-{name}-fixed-k3-cost": View(partial(tune.fixed_k_cost, name, 3), TUNE)
        for name in tune.MODELS},
-    **{f"tune-{name}-config": View(partial(tune.printed_config, name), TUNE) for name in tune.MODELS},
+    "tune-bench-config": View(partial(tune.printed_config, "bench"), TUNE),
     "tune": View(partial(tune.tune_table, False), TUNE),
     "tune-ranges": View(partial(tune.tune_table, True), TUNE),
     **{f"tune-{name}-c1-k3": View(partial(tune.k_over_no_speculation, name, 1, 3), TUNE)
