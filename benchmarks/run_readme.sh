@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Reproduce the figures in benchmarks/README.md:
-#   run_readme.sh [trained] [verify] [verify_trained] [offline] [sizes] [serve]
-#                 [tune_bench] [tune_trained]
-# (trained: ~20 minutes on 2 cores; all without arguments). Run it on a quiet machine:
-# every result row records the CPU time other processes used meanwhile.
+# Reproduce the figures in the docs: one part per folder of benchmarks/results, each writing that
+# folder and then rendering the docs' tables from it (python benchmarks/tables.py):
+#   run_readme.sh [trained] [verify_bench] [verify_trained] [verify_avx2] [offline] [sizes] [serve]
+#                 [tune_bench] [tune_trained] [training]
+# (all without arguments; several hours on 2 cores). Run it on a quiet machine: every result row
+# records the CPU time other processes used meanwhile, and speed figures are medians over 3
+# engine processes per configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
@@ -12,20 +14,27 @@ BENCH="python benchmarks/bench.py"
 
 trained() {  # the headline: the trained tiny DeepSeek, code/prose/chat, greedy and sampled
     $BENCH offline -m trained -k 0 1 2 3 --impl plugin in-tree --temperature 0 1 \
-        --num-prompts 4 --max-tokens 64 --repeats 1 --processes 2 \
+        --num-prompts 4 --max-tokens 64 --repeats 1 --processes 3 \
         --out "$OUT/trained" --log-dir "$LOGS/trained"
 }
 
-verify() {  # verification before/after mla_verify_as_decode, next to its floor, benchmark preset
+verify_bench() {  # verification before/after mla_verify_as_decode, next to its floor, bench preset
     $BENCH offline -m bench:noisy:0.8 -k 0 1 2 3 --impl plugin in-tree --mla-verify on off \
-        --num-prompts 4 --max-tokens 64 --repeats 2 --processes 1 \
-        --out "$OUT/verify" --log-dir "$LOGS/verify"
+        --num-prompts 4 --max-tokens 64 --repeats 2 --processes 3 \
+        --out "$OUT/verify-bench" --log-dir "$LOGS/verify-bench"
 }
 
 verify_trained() {  # the same on the trained tiny DeepSeek (its prompts as one set)
     $BENCH offline -m trained -k 0 1 2 3 --impl plugin in-tree --mla-verify on off \
-        --no-split-kinds --num-prompts 4 --max-tokens 64 --repeats 2 --processes 1 \
+        --no-split-kinds --num-prompts 4 --max-tokens 64 --repeats 2 --processes 3 \
         --out "$OUT/verify-trained" --log-dir "$LOGS/verify-trained"
+}
+
+verify_avx2() {  # the same CPU through vLLM's AVX2 kernels (AVX-512 and AMX hidden from torch)
+    MTP_TEST_HIDE_AVX512=1 PYTHONPATH=tests/mrv2_harness${PYTHONPATH:+:$PYTHONPATH} \
+        $BENCH offline -m bench:noisy:0.8 -k 0 1 3 --impl plugin --mla-verify on off \
+        --num-prompts 4 --max-tokens 64 --repeats 2 --processes 3 \
+        --out "$OUT/verify-avx2" --log-dir "$LOGS/verify-avx2"
 }
 
 offline() {  # plugin vs vLLM's in-tree class, k = 0..3, benchmark preset, drafter right 80 %
@@ -53,7 +62,7 @@ tune_proof() {  # vllm-mtp tune's pick against the measured best fixed k at conc
     for c in 1 4 16; do  # as many requests per pass as fill the batch, 4 at least
         $BENCH offline -m "$model" -k 0 1 2 3 --impl plugin --concurrency "$c" --no-floor \
             --no-split-kinds --num-prompts $((c > 4 ? c : 4)) --max-tokens 64 --repeats 2 \
-            --processes 2 --out "$OUT/tune-$name/offline-c$c" --log-dir "$LOGS/tune-$name/c$c"
+            --processes 3 --out "$OUT/tune-$name/offline-c$c" --log-dir "$LOGS/tune-$name/c$c"
     done
     python -m vllm_mtp_plugin.tools.tune.check "$OUT/tune-$name/tune.json" \
         "$OUT"/tune-"$name"/offline-c*/results.json --out "$OUT/tune-$name" \
@@ -62,6 +71,13 @@ tune_proof() {  # vllm-mtp tune's pick against the measured best fixed k at conc
 tune_bench() { tune_proof bench:noisy:0.8 bench; }
 tune_trained() { tune_proof trained trained; }
 
-for part in "${@:-trained verify verify_trained offline sizes serve tune_bench tune_trained}"; do
-    for p in $part; do "$p"; done
+training() {  # vllm-mtp train's proofs: graft, recursive, foreign, refresh (results/training)
+    python benchmarks/train_proofs.py graft recursive foreign refresh
+    python benchmarks/train_proofs.py plot
+}
+
+parts=${*:-trained verify_bench verify_trained verify_avx2 offline sizes serve tune_bench tune_trained training}
+for p in $parts; do
+    "$p"
+    python benchmarks/tables.py  # the docs' tables and figures from what the part wrote
 done

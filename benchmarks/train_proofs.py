@@ -8,8 +8,9 @@ training). Writes ``benchmarks/results/training/<proof>.json``; ``docs/training.
     python benchmarks/train_proofs.py foreign    # (d) a target written by transformers
     python benchmarks/train_proofs.py plot       # docs/training-acceptance.png from the results
 
-The refresh result committed comes from a run stopped at training step 400 of 1,186 for time,
-its best layer exported by hand (docs/training.md says so). Each proof runs ``vllm-mtp train``
+Each proof runs in full, start to end (the refresh result committed before this was so comes
+from a run stopped at training step 400 of 1,186 and exported by hand; its table says so until
+it is re-run). Each proof runs ``vllm-mtp train``
 with its defaults (unless stated), then serves every
 checkpoint at k = 1..3 (V1 runner, vLLM's default compilation, greedy, 4 held-out prompts per kind
 x 64 tokens) and records per-position acceptance.
@@ -110,9 +111,27 @@ def cpp_prompt(text: str) -> str:
     return "\n".join(lines[start:start + 4]) + "\n"
 
 
-def fine_tune_target(full: Path, out: Path, texts: list[str], steps: int = 300) -> dict:
+def perplexity(model, tokenizer, texts: list[str], max_tokens: int = 16384) -> float:
+    """Held-out perplexity over 256-token windows of ``texts`` (at most ``max_tokens``)."""
+    import torch
+    import torch.nn.functional as F
+
+    ids = torch.tensor([t for text in texts for t in tokenizer(text)["input_ids"]][:max_tokens + 1])
+    windows = [ids[s:s + 257] for s in range(0, ids.numel() - 257, 256)]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for window in windows:
+            logits = model(input_ids=window[None, :-1]).logits[0]
+            total += F.cross_entropy(logits, window[1:], reduction="sum").item()
+            count += window.numel() - 1
+    return float(torch.tensor(total / count).exp())
+
+
+def fine_tune_target(full: Path, out: Path, texts: list[str], held_out: list[str],
+                     steps: int = 300) -> dict:
     """The target fine-tuned on ``texts`` (CE, AdamW), saved with its *old* MTP layer - a
-    fine-tuned model that kept the layer shipped with its base."""
+    fine-tuned model that kept the layer shipped with its base; its held-out perplexity before
+    and after says how far the target moved."""
     import torch
     import torch.nn.functional as F
     from safetensors.torch import load_file, save_file
@@ -121,6 +140,8 @@ def fine_tune_target(full: Path, out: Path, texts: list[str], steps: int = 300) 
     tokenizer = AutoTokenizer.from_pretrained(full)
     ids = torch.tensor([t for text in texts for t in tokenizer(text)["input_ids"]])
     model = DeepseekV3ForCausalLM.from_pretrained(full, dtype=torch.float32)
+    model.eval()
+    base_perplexity = perplexity(model, tokenizer, held_out)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(0)
@@ -135,6 +156,9 @@ def fine_tune_target(full: Path, out: Path, texts: list[str], steps: int = 300) 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+    model.eval()
+    held_out_perplexity = {"base": base_perplexity,
+                           "fine_tuned": perplexity(model, tokenizer, held_out)}
     model.save_pretrained(out / "target", safe_serialization=True)
     tensors = {}
     for shard in (out / "target").glob("*.safetensors"):
@@ -148,7 +172,8 @@ def fine_tune_target(full: Path, out: Path, texts: list[str], steps: int = 300) 
     import shutil
 
     shutil.rmtree(out / "target")
-    return {"tokens": int(ids.numel()), "steps": steps, "first_loss": losses[0],
+    return {"tokens": int(ids.numel()), "steps": steps, "batch": "8 x 256 tokens", "lr": 1e-3,
+            "held_out_cpp_perplexity": held_out_perplexity, "first_loss": losses[0],
             "last_loss": sum(losses[-20:]) / 20, "seconds": round(time.monotonic() - started)}
 
 
@@ -163,7 +188,7 @@ def refresh(root: Path) -> dict:
     full = trained.write_checkpoint(root / "full", 1)
     tuned = root / "tuned"
     tuned.mkdir()
-    tuning = fine_tune_target(full, tuned, train_docs)
+    tuning = fine_tune_target(full, tuned, train_docs, held)
     run = train(tuned, root / "refreshed", "--prompts", str(prompts_file))
     return {"corpus": f"torch {__import__('torch').__version__} include/c10/**/*.h "
                       f"({len(train_docs)} train / {len(held)} held-out files)",

@@ -37,7 +37,9 @@ def trained_speed() -> str:
                   "plugin / in-tree tok/s k = 3", "verify cost k = 3 (decode steps)",
                   "draft cost c k = 3"], rows)
     other = max(r["interference"]["other_cpu_s"] for r in bench_rows(TRAINED))
-    return (f"{text}\n\nMedian of 2 engine processes per configuration; other processes used at "
+    processes = sorted({r["processes"] for r in bench_rows(TRAINED)})
+    return (f"{text}\n\nMedian of {'/'.join(map(str, processes))} engine processes per "
+            f"configuration; other processes used at "
             f"most {other:.1f} CPU-seconds during any configuration. {source_line(TRAINED)}")
 
 
@@ -65,7 +67,12 @@ def verify_table(name: str) -> str:
                   "draft c, off → on", "speed-up, off → on", "other CPU s, off / on"], rows)
     return (f"{text}\n\nDecode step T0 = {t0:.1f} ms (k = 0, median over its rows); floor "
             + ", ".join(f"{f:.2f} at k = {k}" for k, f in floors)
-            + f"; one engine process per configuration. {source_line(relative)}")
+            + f"; {_processes(relative)} per configuration. {source_line(relative)}")
+
+
+def _processes(relative: str) -> str:
+    counts = sorted({r["processes"] for r in bench_rows(relative)})
+    return "/".join(map(str, counts)) + (" engine process" if counts == [1] else " engine processes")
 
 
 def full_table(name: str) -> str:

@@ -3,7 +3,7 @@ per k as the median of every measured pass, with the lowest and highest pass."""
 
 from __future__ import annotations
 
-from .common import load, source_line, table
+from .common import ROOT, load, source_line, table
 
 MODELS = {"bench": "`bench` preset, 457 M", "trained": "trained, 8.4 M"}
 
@@ -39,9 +39,12 @@ def tune_table(ranges: bool) -> str:
     header = ["model", "concurrency", *(f"k = {k}" for k in range(4)), "tune's k", "measured best",
               "tuned ÷ k = 0"] + (["tune's pick"] if ranges else [])
     passes = {v["tok_s"]["0"]["passes"] for name in MODELS for v in verdicts(name)}
+    processes = {load(str(sweep.relative_to(ROOT)))["settings"]["processes"] for name in MODELS
+                 for sweep in (ROOT / _files(name)[0]).parent.glob("offline-c*/results.json")}
     sources = [f for name in MODELS for f in _files(name)[1:]]
     return (f"{table(header, rows)}\n\nOutput tokens/s, median of {'/'.join(map(str, sorted(passes)))} "
-            f"passes from 2 engine processes per k" + (", [lowest–highest pass]" if ranges else "")
+            f"passes from {'/'.join(map(str, sorted(processes)))} engine processes per k"
+            + (", [lowest–highest pass]" if ranges else "")
             + f"; sweeps in `offline-c*/results.json` beside each. {source_line(*sources)}")
 
 
