@@ -113,3 +113,19 @@ def test_a_floor_row_is_never_a_baseline_and_a_partial_batch_never_a_floor():
     assert rows[4]["baseline"]["processes"] == 1  # the floor row was not pooled in
     assert rows[3]["floor_ratio"] == pytest.approx(1.3)  # the full 2-row step, not 120 ms
     assert rows[2]["speedup"] == 1.0  # a floor row's speed-up is against itself
+
+
+def test_vllm_alone_loads_no_plugin_and_keeps_its_own_baseline():
+    """``--impl vllm`` is vLLM with no plugin at all; without the plugin's patches its k = 0 runs
+    other code, so it is not pooled into the plugin's and the in-tree class's baseline."""
+    from vllm_mtp_plugin.tools.bench.analysis import baselines
+    from vllm_mtp_plugin.tools.offline import child_env
+
+    assert child_env("vllm", base={})["VLLM_PLUGINS"] == ""
+    assert server_env("vllm")["VLLM_PLUGINS"] == ""
+    assert "VLLM_PLUGINS" not in child_env("in-tree", base={"VLLM_PLUGINS": ""})
+    row = {"mode": "offline", "checkpoint": "c", "concurrency": 1, "prompts": "all",
+           "temperature": 0.0, "k": 0}
+    rows = [{**row, "impl": impl, "output_tok_s": tok_s, "steps": {"step_ms": 1.0}}
+            for impl, tok_s in (("plugin", 10.0), ("in-tree", 12.0), ("vllm", 30.0))]
+    assert sorted(b["output_tok_s"] for b in baselines(rows).values()) == [11.0, 30.0]

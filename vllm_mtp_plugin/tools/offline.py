@@ -25,7 +25,9 @@ from . import fork_server
 from .engine_modes import eager_for
 from .mrv2 import harness_env
 
-IMPLEMENTATIONS = ("plugin", "in-tree")
+# "in-tree": vLLM's drafter class with this plugin's fixes to vLLM kept (MTP_PLUGIN=off), so
+# both drafters see the same target; "vllm": vLLM alone, no plugin loaded (VLLM_PLUGINS="").
+IMPLEMENTATIONS = ("plugin", "in-tree", "vllm")
 RUNNERS = (None, "v1", "v2")
 
 
@@ -74,7 +76,8 @@ class OfflineConfig:
 
 def child_env(impl: str, base: dict[str, str] | None = None,
               default_process_mode: bool = False, runner: str | None = None) -> dict[str, str]:
-    """Environment for a child engine: ``in-tree`` switches this plugin's drafters off."""
+    """Environment for a child engine: ``in-tree`` switches this plugin's drafters off, ``vllm``
+    loads no plugin at all."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
     if runner not in RUNNERS:
@@ -95,6 +98,8 @@ def child_env(impl: str, base: dict[str, str] | None = None,
     if env.get("VLLM_PLUGINS") == "":
         del env["VLLM_PLUGINS"]
     env["MTP_PLUGIN"] = "off" if impl == "in-tree" else "auto"
+    if impl == "vllm":
+        env["VLLM_PLUGINS"] = ""
     return env
 
 

