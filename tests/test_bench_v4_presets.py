@@ -36,6 +36,7 @@ def test_a_v4_preset_builds_a_bf16_v4_checkpoint_run_with_the_plugin_on_v2(tmp_p
     offline = offline_config(sweep, ckpt, sweep.configs()[1], sweep.passes({"all": ["Hello"]}))
     assert (offline.runner, offline.llm_kwargs["dtype"], offline.impl) == ("v2", "bfloat16", "plugin")
     assert offline.llm_kwargs["enforce_eager"] and offline.passes[0]["prompts"] == ["Hello"]
+    assert sweep.compilation_for(ckpt) == "eager"  # rows say how the V4 engine really ran
     args = serve_args(sweep, 2, ckpt.engine["dtype"], ckpt.engine["eager"])
     assert args[args.index("--dtype") + 1] == "bfloat16" and eager_serve_args("interpreted-v4")[0] in args
     env = server_env("plugin", ckpt.engine["runner"])

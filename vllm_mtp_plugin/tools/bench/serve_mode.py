@@ -107,7 +107,7 @@ def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], pass
                 "parameters": ckpt.parameters, "impl": config.impl, "k": config.k,
                 "concurrency": config.concurrency, **measured["label"],
                 "mla_verify": config.mla_verify,
-                "num_prompts": len(prompts), "compilation": sweep.compilation,
+                "num_prompts": len(prompts), "compilation": sweep.compilation_for(ckpt),
                 "max_tokens": sweep.max_tokens, "repeats": sweep.repeats,
                 "base_url": base_url, "drafter_class": None, "draft_bytes": None,
                 "log": str(server.log_path) if server else None,

@@ -106,6 +106,11 @@ class Sweep:
     def compilation(self) -> str:
         return "eager" if self.eager else "vLLM default (compiled)"
 
+    def compilation_for(self, ckpt) -> str:
+        """How a checkpoint's engines really ran: a V4 target runs eager whatever the sweep says
+        (``Checkpoint.engine``), and its rows must say so."""
+        return "eager" if ckpt.engine["eager"] else self.compilation
+
     def passes(self, prompt_groups: dict[str, list[str]]) -> list[dict]:
         """One measured pass per (prompt kind, temperature): its row label, prompts and sampling.
 
