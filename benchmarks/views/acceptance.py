@@ -69,3 +69,24 @@ def k3_positions(kind: str) -> str:
     """"0.77 / 0.45 / 0.34": greedy acceptance per position at k = 3 for one prompt kind."""
     row = one_row(TRAINED, impl="plugin", k=3, prompts=kind, temperature=0.0)
     return " / ".join(rate(p) for p in row["per_position_acceptance"])
+
+
+V4TINY = "benchmarks/results/v4tiny/results.json"
+
+
+def v4tiny_acceptance() -> str:
+    """DeepSeek-V4 MTP through the interpreter harness: acceptance only (its tokens/s time
+    Triton's interpreter, not V4 on a CPU)."""
+    rows = []
+    for row in bench_rows(V4TINY, floor_only=False):
+        if not row["k"]:
+            continue
+        drafts, accepted = distinct_drafts(row)
+        cells = [f"{a / drafts:.2f} [{low:.2f}–{high:.2f}]" for a, (low, high) in
+                 ((a, wilson(a, drafts)) for a in accepted)]
+        rows.append([row["checkpoint"], str(row["k"]), f"{drafts:.0f}", " / ".join(cells),
+                     rate(row["mean_acceptance_length"]), row["compilation"]])
+    text = table(["checkpoint", "k", "drafts", "per position [95 % interval]", "acceptance length",
+                  "engine"], rows)
+    return (f"{text}\n\nPlugin, bf16 target, Model Runner V2 through the interpreter harness. "
+            f"{source_line(V4TINY)}")
