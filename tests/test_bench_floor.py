@@ -129,3 +129,15 @@ def test_vllm_alone_loads_no_plugin_and_keeps_its_own_baseline():
     rows = [{**row, "impl": impl, "output_tok_s": tok_s, "steps": {"step_ms": 1.0}}
             for impl, tok_s in (("plugin", 10.0), ("in-tree", 12.0), ("vllm", 30.0))]
     assert sorted(b["output_tok_s"] for b in baselines(rows).values()) == [11.0, 30.0]
+
+
+def test_a_row_keeps_the_generated_tokens_once_and_whether_replays_agreed():
+    from vllm_mtp_plugin.tools.bench.analysis import finish_row
+
+    def run(process, tokens):
+        return {"process": process, "output_tok_s": 1.0, "spec_decode": None, "token_ids": tokens}
+    row = finish_row({}, [run(0, [[1, 2]]), run(1, [[1, 2]])])
+    assert row["token_ids"] == [[1, 2]] and row["replays_agree"] is True
+    assert all("token_ids" not in r for r in row["runs"])
+    assert finish_row({}, [run(0, [[1, 2]]), run(1, [[1, 3]])])["replays_agree"] is False
+    assert "token_ids" not in finish_row({}, [run(0, None)])  # serve mode: no ids from the server

@@ -212,6 +212,7 @@ def _measured_pass(llm, config: OfflineConfig, label, prompts: list, params, cha
         "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
         "spec_decode": counters.summary(),
         "requests": [_request_latency(o) for o in outputs],
+        "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
     }
     if label is not None:
         run["pass"] = label

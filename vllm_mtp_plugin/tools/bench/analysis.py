@@ -192,6 +192,12 @@ def finish_row(row: dict, runs: list[dict]) -> dict:
     for run in runs:
         processes.setdefault(run.get("process", 0), []).append(run)
     per_process = [median(r.get("output_tok_s") for r in rs) for rs in processes.values()]
+    tokens = [r.pop("token_ids", None) for r in runs]
+    if tokens and tokens[0] is not None:
+        # Generated token ids once (every pass replays the same requests), and whether the
+        # replays agreed: what lets acceptance count one pass's drafts, and tokens be compared.
+        row["token_ids"] = tokens[0]
+        row["replays_agree"] = all(t == tokens[0] for t in tokens)
     row["runs"] = runs
     row["output_tok_s"] = median(per_process)
     row["output_tok_s_processes"] = per_process

@@ -77,6 +77,7 @@ def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, measured: dict,
                 "ttft_ms": latency_summary(r["ttft"] for r in requests),
                 "tpot_ms": latency_summary(r["tpot"] for r in requests),
                 "steps": run.get("steps"),
+                "token_ids": run.get("token_ids"),
             })
     drafter = results[0].get("drafter") or {}
     other = [r["interference"]["other_cpu_s"] for r in results]
