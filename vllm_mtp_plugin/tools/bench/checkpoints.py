@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 from ..engine_modes import eager_for
+from ..offline import IMPLEMENTATIONS
 
 DEFAULT_MODE = "noisy"
 TRAINED = "trained"
@@ -50,7 +51,7 @@ class Checkpoint:
         if self.variant == "v4":
             return {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",),
                     "eager": eager_for("interpreted-v4")}
-        return {"dtype": None, "runner": None, "impls": ("plugin", "in-tree"), "eager": False}
+        return {"dtype": None, "runner": None, "impls": IMPLEMENTATIONS, "eager": False}
 
 
 def default_cache_dir() -> Path:
