@@ -99,7 +99,7 @@ def test_a_run_records_its_commit_command_and_date():
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     if head:  # a checkout (CI clones one); an installed wheel has no commit to record
-        assert record["commit"] == head and isinstance(record["uncommitted_changes"], bool)
+        assert record["commit"] == head and isinstance(record["uncommitted_changes"], list)
     assert record["argv"] and re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d$", record["date"])
 
 

@@ -21,6 +21,7 @@ VIEWS: dict[str, View] = {
     "trained-first-position-t1": View(partial(acceptance.first_position_range, 1.0), TRAINED),
     **{f"trained-k3-{kind}": View(partial(acceptance.k3_positions, kind), TRAINED)
        for kind in acceptance.KINDS},
+    "no-plugin": View(acceptance.no_plugin_table, (acceptance.NO_PLUGIN,)),
     "v4tiny-acceptance": View(acceptance.v4tiny_acceptance, (acceptance.V4TINY,)),
     "trained-speed": View(speed.trained_speed, TRAINED),
     **{f"verify-{name}": View(partial(speed.verify_table, name), (path,))

@@ -90,3 +90,49 @@ def v4tiny_acceptance() -> str:
                   "engine"], rows)
     return (f"{text}\n\nPlugin, bf16 target, Model Runner V2 through the interpreter harness. "
             f"{source_line(V4TINY)}")
+
+
+NO_PLUGIN = "benchmarks/results/no-plugin/results.json"
+IMPL_NAMES = {"plugin": "plugin", "in-tree": "vLLM's class + the plugin's fixes (`MTP_PLUGIN=off`)",
+              "vllm": "vLLM alone (`VLLM_PLUGINS=\"\"`)"}
+
+
+def _pooled(rows: list[dict]) -> tuple[float, list[float]]:
+    """Drafts and accepted per position over several rows (prompt kinds), each counted once."""
+    drafts, accepted = 0.0, []
+    for row in rows:
+        n, a = distinct_drafts(row)
+        drafts += n
+        accepted = [x + y for x, y in zip(accepted, a)] if accepted else list(a)
+    return drafts, accepted
+
+
+def _same_tokens(impl: str, k: int) -> str:
+    """"12 / 12": greedy requests whose tokens at k equal the same implementation's at k = 0."""
+    same = total = 0
+    for row in bench_rows(NO_PLUGIN, impl=impl, k=k, temperature=0.0):
+        reference = one_row(NO_PLUGIN, impl=impl, k=0, prompts=row["prompts"], temperature=0.0)
+        pairs = list(zip(row.get("token_ids") or [], reference.get("token_ids") or []))
+        same += sum(a == b for a, b in pairs)
+        total += len(pairs)
+    return f"{same} / {total}" if total else "not stored"
+
+
+def no_plugin_table() -> str:
+    """k = 2 acceptance per temperature for the plugin, the in-tree class with the plugin's fixes,
+    and vLLM with no plugin at all; whether greedy output stays that of k = 0."""
+    rows = []
+    for impl, name in IMPL_NAMES.items():
+        for temperature in sorted({r["temperature"] for r in bench_rows(NO_PLUGIN, impl=impl)}):
+            drafts, accepted = _pooled(bench_rows(NO_PLUGIN, impl=impl, k=2, temperature=temperature))
+            cells = [f"{a / drafts:.2f} [{low:.2f}–{high:.2f}]" for a, (low, high) in
+                     ((a, wilson(a, drafts)) for a in accepted)]
+            rows.append([name, f"{temperature:g}", f"{drafts:.0f}", *cells,
+                         _same_tokens(impl, 2) if temperature == 0 else ""])
+    text = table(["implementation", "T", "drafts", "position 1", "position 2",
+                  "greedy requests with k = 0's tokens"], rows)
+    registered = {r["impl"]: r.get("plugin_registered") for r in bench_rows(NO_PLUGIN)}
+    return (f"{text}\n\nk = 2, trained model, code + prose + chat prompts pooled, greedy drafts; "
+            f"plugin registered in the engine: "
+            + ", ".join(f"{impl} {'yes' if v else 'no'}" for impl, v in registered.items())
+            + f". {source_line(NO_PLUGIN)}")

@@ -65,9 +65,12 @@ def _command(argv: list[str]) -> str:
 
 def provenance(env: dict) -> str:
     """Date, machine, software, code and command of a run, as stored with its results."""
-    commit = env.get("commit")
-    code = (f"commit {commit[:10]}" + (" with uncommitted changes" if env.get("uncommitted_changes")
-                                       else "")) if commit else "commit not recorded"
+    commit, changed = env.get("commit"), env.get("uncommitted_changes")
+    code = f"commit {commit[:10]}" if commit else "commit not recorded"
+    if changed is True:  # recorded as a flag only
+        code += " with uncommitted changes"
+    elif changed:
+        code += " with uncommitted changes to " + ", ".join(f"`{f}`" for f in changed)
     kernels = f", vLLM kernels {env['vllm_kernels']}" if env.get("vllm_kernels") else ""
     return (f"{env.get('date', 'date not recorded')}, {env.get('cpu')} ({env.get('cpus')} CPUs; "
             f"{_flags(env)}{kernels}), vLLM {env.get('vllm')}, torch {env.get('torch')}, {code}; "

@@ -38,7 +38,10 @@ def code_version() -> dict:
         version = metadata.version("vllm-mtp-plugin")
     except metadata.PackageNotFoundError:
         version = None
-    return {"commit": commit, "uncommitted_changes": bool(changes) if commit else None,
+    # Which tracked files differed from the commit: a changed doc does not change a figure, a
+    # changed module may.
+    changed = sorted(line[3:] for line in changes.splitlines()) if changes else []
+    return {"commit": commit, "uncommitted_changes": changed if commit else None,
             "package_version": version}
 
 
