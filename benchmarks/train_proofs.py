@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from vllm_mtp_plugin.tools.bench.cli import environment
+from vllm_mtp_plugin.tools.bench.interference import Meter
 from vllm_mtp_plugin.tools.bench.prompts import load_prompt_groups
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.tools.provenance import portable
@@ -246,7 +247,10 @@ def main(argv: list[str]) -> int:
         return 0
     for name in argv or list(PROOFS):
         with tempfile.TemporaryDirectory() as tmp:
-            result = {"run": environment(), **PROOFS[name](Path(tmp))}
+            run = environment()  # the code and machine as the proof starts
+            with Meter() as meter:  # training and serving run in waited-for children
+                proof = PROOFS[name](Path(tmp))
+            result = {"run": run, "interference": meter.result(), **proof}
         (RESULTS / f"{name}.json").write_text(json.dumps(portable(result), indent=1))
         print(f"wrote {RESULTS / f'{name}.json'}")
     return 0
