@@ -17,7 +17,8 @@ def offline(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-offline")
     code = main(["offline", "-m", "tiny:oracle", "-k", "0", "2", "--impl", "plugin", "in-tree",
                  "--num-prompts", "2", "--max-tokens", "12", "--repeats", "2", "--processes", "1",
-                 "--enforce-eager", "--cache-dir", str(out / "cache"), "--out", str(out)])
+                 "--enforce-eager", "--cache-dir", str(out / "cache"), "--out", str(out),
+                 "--disturbed-retries", "0"])  # counters are asserted, not timings
     assert code == 0
     return out, json.loads((out / "results.json").read_text())
 
@@ -123,7 +124,7 @@ def test_trained_model_compiled_by_prompt_kind_and_temperature(tmp_path, monkeyp
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(private_cache_root(tmp_path / "vllm-cache")))
     code = main(["offline", "-m", "trained", "-k", "2", "--impl", "plugin", "in-tree",
                  "--temperature", "0", "1", "--num-prompts", "2", "--max-tokens", "16",
-                 "--repeats", "1", "--processes", "1", "--no-floor",
+                 "--repeats", "1", "--processes", "1", "--no-floor", "--disturbed-retries", "0",
                  "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path), "--no-plots"])
     assert code == 0
     rows = json.loads((tmp_path / "results.json").read_text())["results"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import analysis, report
 from ..mrv2 import HarnessNotFound, needs_interpreter, require_harness
+from .interference import BUSY_SHARE
 from .checkpoints import resolve
 from .prompts import load_prompt_groups
 from .sweep import DEFAULT_CHECKPOINT, MODES, Sweep
@@ -59,6 +60,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="offline: skip the verification floor (a k = 0 engine with (k + 1) x "
                         "concurrency requests in flight per k, the least verifying k + 1 tokens "
                         "can cost)")
+    p.add_argument("--disturbed-retries", type=int, default=2,
+                   help="offline: run an engine process again when other processes used more "
+                        f"than {100 * BUSY_SHARE:g} %% of the CPUs meanwhile, at most this many times "
+                        "(its timings are replaced, never pooled; the row records the discarded "
+                        "attempts)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="run engines eagerly (default: vLLM's default compilation, what users run)")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
@@ -173,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                   warmup=args.warmup, repeats=args.repeats, processes=args.processes,
                   max_model_len=args.max_model_len,
                   dtype=args.dtype, seed=args.seed, cache_dir=args.cache_dir,
-                  base_url=args.base_url, cross_check=args.cross_check, timeout=args.timeout)
+                  base_url=args.base_url, cross_check=args.cross_check, timeout=args.timeout,
+                  disturbed_retries=args.disturbed_retries)
     if sweep.base_url and sweep.mode != "serve":
         raise SystemExit("--base-url needs serve mode")
     out, logs = args.out, args.log_dir or args.out / "logs"

@@ -88,3 +88,16 @@ class Meter:
         trees = sum(self.trees_end.get(p, 0.0) - self.trees_start.get(p, 0.0) for p in self.pids)
         other = max(0.0, (busy1 - busy0) - (own1 - own0) - trees)
         return {"other_cpu_s": other, "wall_s": t1 - t0}
+
+
+# Other processes' CPU time above this share of the machine's CPU time during a measurement
+# distorts its timings (an engine's threads lose their cores): such a pass is re-run, not pooled.
+BUSY_SHARE = 0.05
+
+
+def disturbed(interference: dict | None, cpus: int | None = None) -> bool:
+    """True when other processes used more than ``BUSY_SHARE`` of the CPUs meanwhile."""
+    other = (interference or {}).get("other_cpu_s")
+    if other is None:
+        return False
+    return other > BUSY_SHARE * interference["wall_s"] * (cpus or os.cpu_count() or 1)

@@ -110,12 +110,15 @@ def floor_text(rows: list[dict], env: dict) -> str:
     return "\n".join(lines)
 
 
-def interference_text(rows: list[dict], cpus: int, share: float = 0.05) -> str:
-    """A warning naming configurations during which other processes used > ``share`` of the CPUs."""
+def interference_text(rows: list[dict], cpus: int) -> str:
+    """A warning naming configurations during which other processes used more than
+    ``interference.BUSY_SHARE`` of the CPUs."""
+    from .interference import disturbed
+
     busy = []
     for r in rows:
         i = r.get("interference") or {}
-        if i.get("other_cpu_s") is not None and i["other_cpu_s"] > share * i["wall_s"] * cpus:
+        if disturbed(i, cpus):
             busy.append(f"{r['checkpoint']} {r['impl']} {r.get('prompts') or 'all'} "
                         f"T={r.get('temperature') or 0:g} k={r['k']} c={r['concurrency']} "
                         f"({i['other_cpu_s']:.0f} CPU s in {i['wall_s']:.0f} s)")

