@@ -137,8 +137,10 @@ def test_trained_model_compiled_by_prompt_kind_and_temperature(tmp_path, monkeyp
             assert plugin["runs"][0]["output_tokens"] == 2 * 16
             assert plugin["vs_in_tree"] > 0 and plugin["speedup"] is None  # no k = 0 measured
             assert 0 < plugin["spec_decode"]["num_drafts"] <= 2 * 16
+            assert [len(ids) for ids in plugin["token_ids"]] == [16, 16]
             if temperature == 0:  # greedy: both drafters propose the same tokens
                 assert plugin["spec_decode"] == tree["spec_decode"], kind
+                assert plugin["token_ids"] == tree["token_ids"], kind
     logs = [p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log")]
     # patches.skip_unloadable_aot_cache: no engine saves an artifact it could not load, and later
     # engines of the same target load nothing
