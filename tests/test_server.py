@@ -55,14 +55,34 @@ def test_server_log_names_the_drafter_where_it_is_built(server):
             "(embed_tokens + 1 shared_head.head, 2048 x 256 bfloat16 each, this rank)") in line
 
 
-def test_metrics_page_names_the_counters(server):
+def test_metrics_page_counts_what_was_served(server):
+    """The Prometheus page itself, read line by line (not through ``tools/metrics``): the four
+    spec-decode counters carry values, consistent with each other and with the parser's."""
     import urllib.request
 
+    client = OpenAI(base_url=server.base_url, api_key="EMPTY")
+    client.completions.create(model="tiny", prompt="The river", max_tokens=10, temperature=0.0,
+                              extra_body={"ignore_eos": True})
     page = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read().decode()
-    for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-                 "vllm:spec_decode_num_accepted_tokens_total",
-                 "vllm:spec_decode_num_accepted_tokens_per_pos_total"):
-        assert name in page
+    values: dict[str, float] = {}
+    per_position: dict[int, float] = {}
+    for line in page.splitlines():
+        found = re.match(r'(vllm:spec_decode_[a-z_]+_total)\{([^}]*)\} ([0-9.e+]+)$', line)
+        if not found:
+            continue
+        name, labels, value = found.groups()
+        position = re.search(r'position="(\d+)"', labels)
+        if position:
+            per_position[int(position.group(1))] = per_position.get(int(position.group(1)), 0) + float(value)
+        else:
+            values[name] = values.get(name, 0) + float(value)
+    drafts = values["vllm:spec_decode_num_drafts_total"]
+    assert drafts >= 4  # ceil(9 / 3) drafts for this request alone
+    assert values["vllm:spec_decode_num_draft_tokens_total"] == 2 * drafts
+    assert per_position == {0: drafts, 1: drafts}  # oracle: every draft accepted at both positions
+    assert values["vllm:spec_decode_num_accepted_tokens_total"] == sum(per_position.values())
+    parsed = metrics.scrape(server.base_url)
+    assert (parsed.num_drafts, parsed.accepted_per_position) == (drafts, (drafts, drafts))
 
 
 def test_demo_runs_end_to_end_on_the_trained_model(tmp_path):

@@ -18,9 +18,14 @@ TINY_RUN = TrainSettings(steps=4, batch_size=2, seq_len=64, eval_every=2, eval_t
 
 
 @pytest.fixture(scope="module")
-def rebuilt(tmp_path_factory):
+def corpus_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("corpus")
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory, corpus_dir):
     out = tmp_path_factory.mktemp("trained")
-    record = trained.rebuild(out, tmp_path_factory.mktemp("corpus"), TINY_RUN, progress=False)
+    record = trained.rebuild(out, corpus_dir, TINY_RUN, progress=False)
     return out, record
 
 
@@ -46,7 +51,37 @@ def test_rebuild_writes_every_shipped_file_with_its_records(rebuilt):
     for kind in ("prose", "code"):
         metrics = record["metrics"][kind]
         assert metrics["unigram_perplexity"] > 50  # a 4096-token vocabulary on real text
-        assert 0 <= metrics["mtp_top1_accuracy"] <= 1
+
+
+def test_the_shipped_figures_are_what_the_shipped_weights_score(rebuilt, corpus_dir):
+    """The held-out perplexity and MTP top-1 accuracy the docs quote (the shipped training.json)
+    recomputed from the shipped bf16 weights on the held-out files, within the documented
+    tolerance (``trained.REPRODUCTION_TOLERANCE``): the target through transformers, the MTP
+    layer loaded from the checkpoint as ``vllm-mtp train`` loads it, the evaluation the build
+    ran. A layer fed the wrong inputs, or weights that are not the ones scored, fail here."""
+    from transformers import AutoTokenizer, DeepseekV3ForCausalLM
+
+    from vllm_mtp_plugin.tools.tiny.pretrain import evaluate
+    from vllm_mtp_plugin.tools.train.checkpoint import TargetCheckpoint
+    from vllm_mtp_plugin.tools.train.model import initial_layer
+
+    shipped = trained.shipped_dir()
+    record = json.loads((shipped / "training.json").read_text())
+    config = hf_model_config(trained.config_json("float32"))
+    model = TargetWithMtp(config)
+    model.target = DeepseekV3ForCausalLM.from_pretrained(shipped, dtype=torch.float32)
+    model.mtp = initial_layer(TargetCheckpoint(shipped), config, "checkpoint", 0)
+    tokenizer = AutoTokenizer.from_pretrained(str(shipped))
+    docs = corpus.read_documents(corpus.fetch_sdist(corpus_dir))
+    settings = TrainSettings()
+    for kind in corpus.KINDS:
+        held_out = trained.tokenize(tokenizer, [d for d in docs if d.held_out and d.kind == kind])
+        measured = evaluate(model, held_out, settings.seq_len, settings.eval_tokens)
+        quoted = record["metrics"][kind]
+        assert abs(measured["perplexity"] / quoted["perplexity"] - 1) <= \
+            trained.REPRODUCTION_TOLERANCE["perplexity"], (kind, measured, quoted)
+        assert abs(measured["mtp_top1_accuracy"] - quoted["mtp_top1_accuracy"]) <= \
+            trained.REPRODUCTION_TOLERANCE["mtp_top1_accuracy"], (kind, measured, quoted)
 
 
 def test_the_tokenizer_is_a_real_bpe_with_the_chat_template(rebuilt):

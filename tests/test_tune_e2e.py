@@ -23,12 +23,20 @@ def test_tune_measures_every_k_and_concurrency_and_writes_vllms_schedule(checkpo
     # engines on this checkpoint share vLLM's compile cache
     code = main(["tune", str(checkpoints("noisy", acceptance=0.6)), "--prompts", str(prompts),
                  "--concurrency", "1", "2", "--max-k", "1", "--max-tokens", str(MAX_TOKENS),
-                 "--out", str(out), "--dtype", "float32", "--max-model-len", "1024"])
-    assert code == 0
+                 "--out", str(out), "--dtype", "float32", "--max-model-len", "1024",
+                 "--remeasure", "0"])
     data = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    # The suite's other worker shares the machine: tune may find its steps disturbed; then it
+    # must say so and recommend nothing (exit 3), else recommend from plausible figures (exit 0).
+    found = data["plausibility"]["problems"]
+    assert data["plausibility"]["measurements"] == 1
+    assert code == (3 if found else 0), (code, found)
+    assert all(line in printed for line in found)
     assert list(data)[0] == "num_speculative_tokens_per_batch_size"
     ranges = data["num_speculative_tokens_per_batch_size"]
-    assert validate_and_normalize_dynamic_sd_schedule(ranges) == [tuple(r) for r in ranges]
+    assert ranges is None if found else (
+        validate_and_normalize_dynamic_sd_schedule(ranges) == [tuple(r) for r in ranges])
     assert data["compilation"] == ["DYNAMO_TRACE_ONCE"]
     assert data["settings"]["engine_args"] == {"dtype": "float32", "max_model_len": 1024}
     points = {(p["k"], p["concurrency"]): p for p in data["measurements"]}
@@ -50,10 +58,13 @@ def test_tune_measures_every_k_and_concurrency_and_writes_vllms_schedule(checkpo
     assert 0 < rate < 1
     assert rate == pytest.approx(counters["accepted_per_position"][0] / counters["num_drafts"])
     assert sorted(data["best_fixed_k"]) == ["1", "2"]
-    printed = capsys.readouterr().out
     busy = any(p["mean_step_ms"] > BUSY_RATIO * p["step_ms"] for p in data["measurements"])
-    assert ("decode steps varied" in printed) == busy
-    assert "expected tokens/s" in printed and "machine: " in printed
+    assert busy == any("other work shared the machine" in line for line in found)
+    assert "machine: " in printed
+    if found:
+        assert data["speculative_config"] is None and "no recommendation" in printed
+        return
+    assert "expected tokens/s" in printed
     spec = data["speculative_config"]
     assert (f"--speculative-config '{json.dumps(spec)}'" in printed if spec else
             "serve without --speculative-config" in printed)

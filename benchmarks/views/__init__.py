@@ -43,6 +43,8 @@ VIEWS: dict[str, View] = {
     "training-recursive-position-3": View(partial(
         training.compare, "recursive", "depth3_recursive", "depth1", 3, 2),
         (training.file("recursive"),)),
+    "training-refresh-perplexity": View(training.refresh_perplexity, (training.file("refresh"),)),
+    "training-refresh-training": View(training.refresh_training, (training.file("refresh"),)),
     "training-refresh-vs-old": View(partial(
         training.compare, "refresh", "fine_tuned_refreshed_on_cpp", "fine_tuned_old_layer_on_cpp",
         1, 0), (training.file("refresh"),)),

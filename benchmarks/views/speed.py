@@ -4,6 +4,7 @@ full tables; each with the range over engine processes where a run had several."
 from __future__ import annotations
 
 from vllm_mtp_plugin.tools.bench import report
+from vllm_mtp_plugin.tools.bench.plausibility import row_problems
 
 from .acceptance import KINDS, TRAINED, _temperatures
 from .common import bench_rows, load, one_row, rate, source_line, table
@@ -39,8 +40,8 @@ def trained_speed() -> str:
     other = max(r["interference"]["other_cpu_s"] for r in bench_rows(TRAINED))
     processes = sorted({r["processes"] for r in bench_rows(TRAINED)})
     return (f"{text}\n\nMedian of {'/'.join(map(str, processes))} engine processes per "
-            f"configuration; other processes used at "
-            f"most {other:.1f} CPU-seconds during any configuration. {source_line(TRAINED)}")
+            f"configuration; other processes used at most {other:.1f} CPU-seconds during any "
+            f"configuration.{impossible_line(bench_rows(TRAINED))} {source_line(TRAINED)}")
 
 
 def verify_table(name: str) -> str:
@@ -67,7 +68,8 @@ def verify_table(name: str) -> str:
                   "draft c, off → on", "speed-up, off → on", "other CPU s, off / on"], rows)
     return (f"{text}\n\nDecode step T0 = {t0:.1f} ms (k = 0, median over its rows); floor "
             + ", ".join(f"{f:.2f} at k = {k}" for k, f in floors)
-            + f"; {_processes(relative)} per configuration. {source_line(relative)}")
+            + f"; {_processes(relative)} per configuration."
+            + impossible_line(bench_rows(relative)) + f" {source_line(relative)}")
 
 
 def _processes(relative: str) -> str:
@@ -79,4 +81,14 @@ def full_table(name: str) -> str:
     """The bench's own table of a run, as ``vllm-mtp bench report`` renders it."""
     relative = FULL[name]
     rows = load(relative)["results"]
-    return f"{report.markdown_table(rows)}\n\n{source_line(relative)}"
+    return f"{report.markdown_table(rows)}\n\n{impossible_line(rows).strip()} {source_line(relative)}".replace("\n\n ", "\n\n")
+
+
+def impossible_line(rows: list[dict]) -> str:
+    """" **Impossible figures** ...": rows whose timings cannot be (``bench/plausibility.py``),
+    checked afresh on the stored rows; empty when there are none."""
+    found = [f"{r['impl']} {r.get('prompts') or 'all'} T={r.get('temperature') or 0:g} "
+             f"(verify {r.get('mla_verify', 'on')}): {problem}"
+             for r in rows for problem in row_problems(r)]
+    return (" **Impossible figures, not to be used** (`tools/bench/plausibility.py`): "
+            + "; ".join(found) + ".") if found else ""

@@ -24,6 +24,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from .plausibility import row_problems
+
 from ..metrics import SpecDecodeCounters
 
 
@@ -181,6 +183,7 @@ def add_derived(rows: list[dict]) -> list[dict]:
                 row["verify_over_floor"] = steps["target_ms"] / floor["step_ms"]
                 row["break_even_acceptance_length"] = row["floor_ratio"] + k * row["draft_cost_ratio"]
                 row["payoff_bound"] = (k + 1) / row["break_even_acceptance_length"]
+        row["implausible"] = row_problems(row)
     return rows
 
 

@@ -138,7 +138,7 @@ def write_outputs(out: Path, settings: dict, rows: list[dict], env: dict, plots:
     (out / "table.md").write_text(table + "\n")
     print(table)
     for text in (report.interference_text(rows, env.get("cpus") or 1),
-                 report.cross_check_text(rows)):
+                 report.implausible_text(rows), report.cross_check_text(rows)):
         if text:
             print("\n" + text)
     for path in report.plot_all(rows, out) if plots else []:

@@ -128,6 +128,17 @@ def interference_text(rows: list[dict], cpus: int) -> str:
             + ": their timings are distorted; rerun on a quiet machine")
 
 
+def implausible_text(rows: list[dict]) -> str:
+    """A warning naming rows whose figures cannot be (``plausibility``): not to be published."""
+    lines = [f"{r['checkpoint']} {r['impl']} {r.get('prompts') or 'all'} "
+             f"T={r.get('temperature') or 0:g}: {problem}"
+             for r in rows for problem in r.get("implausible") or []]
+    if not lines:
+        return ""
+    return ("warning: impossible figures (a disturbed or mis-measured engine; rerun on a quiet "
+            "machine with more --processes):\n  " + "\n  ".join(lines))
+
+
 def cross_check_failed(rows: list[dict]) -> bool:
     """A cross-check fails only where the two runs must match exactly: concurrency 1."""
     return any(r.get("cross_check") and not r["cross_check"]["agree"] and r["concurrency"] == 1

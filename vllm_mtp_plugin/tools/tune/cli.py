@@ -41,6 +41,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--log-dir", type=Path, help="engine logs (default: next to --out)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine")
+    p.add_argument("--remeasure", type=int, default=1,
+                   help="measure again (engines in the other order) this many times when the "
+                        "measurements are impossible or the machine was busy; still so: no "
+                        "recommendation, exit 3")
     return p.parse_known_args(argv)
 
 
@@ -114,22 +118,25 @@ def result(run: TuneRun, measured: dict) -> dict:
 
 
 BUSY_RATIO = 1.5
+REFUSED_EXIT = 3  # measured, but nothing to recommend from: see docs/tune.md
 
 
-def busy_machine_lines(points: list[dict]) -> list[str]:
-    """A warning where decode steps' mean exceeds their median by half: something else shared the
-    machine during those passes; the expected figures (medians) assume it had the machine alone,
-    and the measured ones in brackets do not."""
-    busy = [p for p in points
-            if p.get("mean_step_ms") and p.get("step_ms")
+def busy_points(points: list[dict]) -> list[str]:
+    """Where decode steps' mean exceeds their median by half: other work shared the machine."""
+    return [f"k = {p['k']}, c = {p['concurrency']}: decode steps' mean {p['mean_step_ms']:.1f} ms "
+            f"against a median of {p['step_ms']:.1f} ms (other work shared the machine)"
+            for p in points if p.get("mean_step_ms") and p.get("step_ms")
             and p["mean_step_ms"] > BUSY_RATIO * p["step_ms"]]
-    if not busy:
-        return []
-    where = ", ".join(f"k = {p['k']}, c = {p['concurrency']}: mean {p['mean_step_ms']:.1f} ms, "
-                      f"median {p['step_ms']:.1f} ms" for p in busy)
-    return ["", f"decode steps varied ({where}): other work shared the machine while tune "
-                "measured; the expected figures use the median step. Rerun on an idle machine, "
-                "or with --repeats 3."]
+
+
+def problems(data: dict) -> list[str]:
+    """Why tune must not recommend from ``data``: impossible figures or a busy machine."""
+    from ..bench.plausibility import tune_problems
+
+    expected = {int(c): {int(k): v for k, v in by_k.items()}
+                for c, by_k in data["expected_speedup"].items()}
+    return (tune_problems(data["measurements"], data["acceptance"]["acceptance_lengths"], expected)
+            + busy_points(data["measurements"]))
 
 
 def summary_text(data: dict) -> str:
@@ -151,7 +158,6 @@ def summary_text(data: dict) -> str:
                          + (f" ({seen:.1f})" if seen else "")
                          + (" *" if data["best_fixed_k"][c] == k else ""))
         lines.append(f"| {c} | " + " | ".join(cells) + f" | {data['best_fixed_k'][c]} |")
-    lines += busy_machine_lines(data["measurements"])
     taus = data["acceptance"]["per_position"]
     lines += ["", "acceptance per draft position at k = %d: %s" % (
         max_k, " ".join(f"{a:.2f}" for a in taus))]
@@ -182,17 +188,34 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = args.log_dir or args.out.parent / "tune-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    measured = measure(run, logs)
-    measured["logs"] = str(logs)
-    data = result(run, measured)
     from ..bench.cli import environment
     from ..bench.report import machine_line
-
     from ..provenance import portable
 
-    data["machine"] = environment()
+    machine = environment()
+    for attempt in range(args.remeasure + 1):
+        measured = measure(run, logs, reverse=attempt % 2 == 1)
+        measured["logs"] = str(logs)
+        data = result(run, measured)
+        found = problems(data)
+        if not found:
+            break
+        print("tune: these measurements cannot be right:\n  " + "\n  ".join(found)
+              + ("\n  measuring again, engines in the other order" if attempt < args.remeasure
+                 else ""))
+    data["plausibility"] = {"measurements": attempt + 1, "problems": found}
+    if found:
+        data["refused"] = found
+        data["speculative_config"] = None
+        data["num_speculative_tokens_per_batch_size"] = None
+    data["machine"] = machine
     args.out.write_text(json.dumps(portable(data), indent=1))
     print(machine_line(data["machine"]))
+    if found:
+        print(f"vllm-mtp tune: no recommendation after {attempt + 1} measurement(s): the figures "
+              "above are impossible or the machine was busy. Rerun on an idle machine, with "
+              f"--repeats 3 (measurements in {args.out}).")
+        return REFUSED_EXIT
     print(summary_text(data))
     if not args.no_plot:
         print(f"plot: {tune_plot.expected(data, args.out.with_suffix('.png'))}")

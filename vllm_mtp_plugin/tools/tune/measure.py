@@ -107,15 +107,18 @@ def point(k: int, c: int, runs: list[dict]) -> dict:
     }
 
 
-def measure(run: TuneRun, log_dir: Path, on_start: Callable[[str], None] = print) -> dict:
-    """Every (k, c) point, the acceptance counters at k = max-k, and the engines' compilation."""
+def measure(run: TuneRun, log_dir: Path, on_start: Callable[[str], None] = print,
+            reverse: bool = False) -> dict:
+    """Every (k, c) point, the acceptance counters at k = max-k, and the engines' compilation.
+    ``reverse`` runs the engines from the largest k down: a re-measurement in the other order
+    lets a drift of the machine's speed hit the k's the other way round."""
     from ..bench.analysis import total_counters
 
     points, compilation, at_max_k = [], set(), []
     ks = allowed_ks(run.model, run.max_k)
     for k in sorted(set(range(run.max_k + 1)) - set(ks)):
         on_start(f"k = {k}: skipped (vLLM takes k <= the MTP layers or a multiple of them)")
-    for k in ks:
+    for k in (reversed(ks) if reverse else ks):
         on_start(f"k = {k}: one engine, concurrency {', '.join(map(str, run.concurrencies))}")
         result = run_config(engine_config(run, k), timeout=run.timeout,
                             log_path=str(log_dir / f"tune-k{k}.log"))
