@@ -24,9 +24,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .plausibility import row_problems
-
 from ..metrics import SpecDecodeCounters
+from .plausibility import row_problems
 
 
 def median(values: Iterable[float | None]) -> float | None:
