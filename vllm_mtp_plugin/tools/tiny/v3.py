@@ -28,9 +28,10 @@ from pathlib import Path
 
 import torch
 
+from . import CONSTRUCTED_MODES
 from .tokenizer import SPECIAL_TOKENS, write_tokenizer
 
-MODES = ("random", "oracle", "noisy")
+MODES = CONSTRUCTED_MODES
 RESIDUAL_SCALE = 0.02  # weight std of the projections that write into the residual stream (oracle)
 # RMSNorm weights are drawn uniformly from this range: far enough from 1 that a swapped norm shows.
 NORM_GAIN_RANGE = (0.5, 1.5)

@@ -39,10 +39,11 @@ from pathlib import Path
 
 import torch
 
+from . import CONSTRUCTED_MODES
 from .tokenizer import write_tokenizer
 from .v3 import calibrate_noise, first_position_acceptance, oracle_embedding_and_head
 
-MODES = ("random", "oracle", "noisy")
+MODES = CONSTRUCTED_MODES
 FP8_BLOCK = 128
 FP4_GROUP = 32
 FP8_MAX = 448.0

@@ -3,14 +3,15 @@
 One layer is transformers' generic ``MtpLayer`` (``enorm``, ``hnorm``, ``eh_proj`` over
 ``cat(enorm(e), hnorm(h))``, a ``DeepseekV3DecoderLayer`` as ``mtp_block``, ``post_norm``) — the
 same computation the plugin serves (``models/v3.py``; ``post_norm`` is the checkpoint's
-``shared_head.norm``). ``tests/test_train_layers.py`` checks that the layer's forward equals the
-served layer on the same weights and inputs.
+``shared_head.norm``). ``tests/test_train_data.py`` checks that the layer's forward equals the
+served layer on the same weights and inputs (``test_trainer_layer_computes_the_served_layer``).
 
 Names: a checkpoint stores ``model.layers.{L}.<block tensor>`` per expert
 (``mlp.experts.{e}.gate_proj.weight``), transformers keeps the experts fused
 (``mlp.experts.gate_up_proj[e] = cat(gate, up)``, ``mlp.experts.down_proj[e]``).
 ``to_module_state`` and ``to_checkpoint_tensors`` convert both ways; FP8 block-quantized
-checkpoints are dequantized on the way in (``weights.fp8``).
+checkpoints are dequantized before they get here, as they are read
+(``checkpoint.TargetCheckpoint.float_tensor``).
 """
 
 from __future__ import annotations
