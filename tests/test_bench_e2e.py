@@ -6,6 +6,7 @@ import pytest
 from support.vllm_cache import private_cache_root
 
 from vllm_mtp_plugin.tools.bench.cli import main
+from vllm_mtp_plugin.tools.provenance import local_path
 
 ROW_FIELDS = ("checkpoint", "impl", "k", "concurrency", "output_tok_s", "speedup",
               "acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "ttft_ms",
@@ -95,7 +96,8 @@ def test_draft_memory_ours_vs_in_tree(offline):
     assert spec["plugin"]["drafter_class"].startswith("vllm_mtp_plugin.")
     assert spec["in-tree"]["drafter_class"].startswith("vllm.model_executor.models.")
     # vLLM's class allocates its own embedding and head (vocab x hidden fp32 each); ours does not.
-    meta = json.loads((__import__("pathlib").Path(spec["plugin"]["checkpoint_path"])
+    # results.json stores paths portably ($TMP/..., tools/provenance.py)
+    meta = json.loads((local_path(spec["plugin"]["checkpoint_path"])
                        / "tiny_meta.json").read_text())["spec"]
     vocab_matrices = 2 * meta["vocab_size"] * meta["hidden_size"] * 4
     assert spec["in-tree"]["draft_bytes"] - spec["plugin"]["draft_bytes"] == vocab_matrices

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vllm_mtp_plugin.tools.bench.stats import comparison, distinct_drafts, separated, wilson
-from vllm_mtp_plugin.tools.provenance import host_paths, portable, run_record
+from vllm_mtp_plugin.tools.provenance import host_paths, local_path, portable, run_record
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -92,6 +92,9 @@ def test_paths_become_relative_or_placeholders(tmp_path):
                       "--cache=$HOME/.cache/m"], "url": "/v1/completions"}
     assert host_paths(record) == []
     assert host_paths({"a": ["x", "/root/y"]}) == [".a[1]: /root/y"]
+    assert local_path(record["out"]) == ROOT / "benchmarks/results/x"
+    assert local_path("$TMP/logs") == Path(tempfile.gettempdir()) / "logs"
+    assert local_path("$HOME/.cache/m") == Path.home() / ".cache/m"
 
 
 def test_a_run_records_its_commit_command_and_date():

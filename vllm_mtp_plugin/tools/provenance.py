@@ -81,6 +81,16 @@ def portable(value, placeholders: list[tuple[str, str]] | None = None):
     return value
 
 
+def local_path(stored: str) -> Path:
+    """A path as ``portable`` stored it, on this machine: ``$HOME`` and ``$TMP`` expanded, a
+    relative path taken from the checkout."""
+    for name, root in (("$HOME", Path.home()), ("$TMP", Path(tempfile.gettempdir()))):
+        if stored == name or stored.startswith(name + "/"):
+            return root / stored[len(name) + 1:]
+    path = Path(stored)
+    return path if path.is_absolute() else CHECKOUT / path
+
+
 HOST_PATH = re.compile(r"(?:^|[\s=:'\"])(/(?:root|home|tmp|work|var|opt|usr|mnt|srv|data|scratch|Users)"
                        r"(?:/|$))")
 

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from ..bench.analysis import median
+from ..provenance import local_path
 from .plot import measured_against_pick
 
 
@@ -25,7 +26,8 @@ def comparable(row: dict, settings: dict) -> bool:
     """A sweep row measured as tune measures: offline, not a floor row, the plugin, all prompts as
     one set, tune's temperature, the checkpoint tune ran (where both name one)."""
     same_model = (not row.get("checkpoint_path") or not settings.get("model")
-                  or Path(row["checkpoint_path"]).resolve() == Path(settings["model"]).resolve())
+                  or local_path(row["checkpoint_path"]).resolve()
+                  == local_path(settings["model"]).resolve())
     return (row.get("mode") == "offline" and not row.get("floor_only") and bool(row.get("runs"))
             and row.get("impl", "plugin") == "plugin" and row.get("prompts", "all") == "all"
             and float(row.get("temperature") or 0.0) == float(settings.get("temperature") or 0.0)
