@@ -125,3 +125,96 @@ def test_cpu_expand_kernel_fills_every_dtype_like_vllms_triton_kernel():
     temperatures = torch.empty(4, dtype=torch.float32)
     cpu_expand_kernel(temperatures, torch.tensor([0.7, 1.3]), torch.tensor([1, 4]), -1, 1)
     assert temperatures.tolist() == pytest.approx([0.7, 1.3, 1.3, 1.3])
+
+
+# ------------------------------------------------------------ speculative_config sampling modes
+#
+# draft_sample_method "probabilistic" (drafts sampled from the drafter's distribution, which the
+# rejection sampler then uses) and rejection_sample_method "block" (block verification). A drafter
+# that guesses (the random checkpoint: acceptance ~0) leaves the rejection sampler nothing to
+# weigh, so these run on the noisy checkpoint (drafter right 60 % of the time greedily) with its
+# logits scaled by 0.3 (both final norms' gains): at T = 0.6 the target's next token is its oracle
+# successor ~30 % of the time, the rest spread (measured: 124/400 and 67/400 for the 2nd and 3rd
+# token). 200 seeded samples per setting and mode; V1 k = 0 is the reference for both runners.
+MODE_SAMPLES = 200
+MODE_SETTINGS = {"v1": ({"temperature": 0.6}, {"temperature": 1.0, "top_k": 4},
+                        {"temperature": 0.6, "top_p": 0.8}),
+                 "v2": ({"temperature": 0.6},)}
+LOGIT_SCALE = 0.3
+PROBABILISTIC = {"draft_sample_method": "probabilistic"}
+BLOCK = {"rejection_sample_method": "block"}
+
+
+@pytest.fixture(scope="module")
+def mode_sample(checkpoints, tmp_path_factory):
+    from support.checkpoint_edits import edited_copy
+
+    def soften(tensors):
+        for name in tensors:
+            if name == "model.norm.weight" or name.endswith("shared_head.norm.weight"):
+                tensors[name] = tensors[name] * LOGIT_SCALE
+
+    model = edited_copy(checkpoints("noisy", acceptance=0.6),
+                        tmp_path_factory.mktemp("noisy-soft"), tensors=soften)
+
+    @functools.cache
+    def run(k: int, runner: str, impl: str = "plugin", **overrides) -> dict:
+        settings = MODE_SETTINGS[runner]
+        sampling = [{**s, "seed": 1000} for s in settings for _ in range(MODE_SAMPLES)]
+        return run_config(OfflineConfig(str(model), k, impl, ["Hello world"] * len(sampling), 3,
+                                        sampling=sampling, runner=runner,
+                                        eager="outside-the-graph", speculative_overrides=overrides,
+                                        llm_kwargs={"dtype": "float32"}))
+
+    return run
+
+
+def distribution_failures(reference: dict, with_mtp: dict, runner: str) -> list[str]:
+    failures = []
+    for i, setting in enumerate(MODE_SETTINGS[runner]):
+        j = MODE_SETTINGS["v1"].index(setting)
+        for position in (1, 2):
+            a = [ids[position] for ids in reference["token_ids"][j * MODE_SAMPLES:(j + 1) * MODE_SAMPLES]]
+            b = [ids[position] for ids in with_mtp["token_ids"][i * MODE_SAMPLES:(i + 1) * MODE_SAMPLES]]
+            p = homogeneity_p_value(a, b)
+            if p < ALPHA:
+                failures.append(f"{setting} token {position + 1}: p = {p:.2g}; without MTP "
+                                f"{collections.Counter(a).most_common(3)}, with MTP "
+                                f"{collections.Counter(b).most_common(3)}")
+    return failures
+
+
+def test_probabilistic_drafts_on_v1_are_lossless_and_equal_in_tree(mode_sample):
+    """V1, draft_sample_method "probabilistic": the distribution of k = 0, vLLM's class (with the
+    plugin's fixes) gives the same tokens and counters, and the mode is applied: the first draft
+    is accepted far more often than an argmax draft (measured here: 0.32 against 0.10). Without
+    the plugin (VLLM_PLUGINS=""), vLLM's CPU expand_kernel bug breaks it (token 0 in 94/400)."""
+    plugin = mode_sample(2, "v1", **PROBABILISTIC)
+    assert distribution_failures(mode_sample(0, "v1"), plugin, "v1") == []
+    assert plugin["spec_decode"]["per_position_acceptance"][0] > 0.2, plugin["spec_decode"]
+    in_tree = mode_sample(2, "v1", "in-tree", **PROBABILISTIC)
+    assert (in_tree["token_ids"], in_tree["spec_decode"]) == (plugin["token_ids"],
+                                                              plugin["spec_decode"])
+
+
+def test_block_verification_on_v2_is_lossless(mode_sample):
+    """Model Runner V2 (harness), rejection_sample_method "block": the distribution of V1's k = 0.
+    (V2 with probabilistic drafts does not run in Triton's interpreter here: its gumbel_sample
+    kernel fails with "mask has unsupported dtype".)"""
+    with_mtp = mode_sample(2, "v2", **BLOCK)
+    assert with_mtp["runner"] == "v2" and with_mtp["spec_decode"]["num_drafts"] > 0
+    assert distribution_failures(mode_sample(0, "v1"), with_mtp, "v2") == []
+
+
+def test_v1_has_no_block_verification():
+    """vLLM 0.32's V1 runner ignores rejection_sample_method "block" (measured: tokens and counters
+    equal to "standard"), and with it also drafts greedily under draft_sample_method
+    "probabilistic". When this fails, V1 has learnt block verification: test it like V2's."""
+    import inspect
+
+    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.spec_decode import llm_base_proposer
+
+    assert '"block"' not in inspect.getsource(rejection_sampler)
+    assert ('rejection_sample_method == "standard"\n            and self.speculative_config'
+            '.draft_sample_method == "probabilistic"') in inspect.getsource(llm_base_proposer)

@@ -82,7 +82,8 @@ def _key(row: dict, *fields: str) -> tuple:
 
 
 BASELINE_KEY = ("mode", "checkpoint", "concurrency", "prompts", "temperature")
-SAME_CONFIG_KEY = (*BASELINE_KEY, "k", "mla_verify")
+SAME_CONFIG_KEY = (*BASELINE_KEY, "k", "mla_verify", "draft_sample_method",
+                   "rejection_sample_method")
 
 
 def baseline_key(row: dict) -> tuple:

@@ -18,7 +18,7 @@ from ..mrv2 import HarnessNotFound, needs_interpreter, require_harness
 from .interference import BUSY_SHARE
 from .checkpoints import resolve
 from .prompts import load_prompt_groups
-from .sweep import DEFAULT_CHECKPOINT, MODES, Sweep
+from .sweep import DEFAULT_CHECKPOINT, DRAFT_SAMPLE_METHODS, MODES, REJECTION_SAMPLE_METHODS, Sweep
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -56,6 +56,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="speculative rows with the plugin's mla_verify_as_decode patch on (as "
                         "shipped) and/or off (VLLM_MTP_MLA_VERIFY=0, vLLM's prefill path): "
                         "'on off' measures before and after in one run")
+    p.add_argument("--draft-sample-method", nargs="+", default=[DRAFT_SAMPLE_METHODS[0]],
+                   choices=DRAFT_SAMPLE_METHODS, dest="draft_sample_methods",
+                   help="speculative_config.draft_sample_method of the speculative rows: greedy "
+                        "(argmax drafts, vLLM's default) and/or probabilistic (drafts sampled "
+                        "from the drafter's distribution, used by the rejection sampler); "
+                        "matters at temperature > 0")
+    p.add_argument("--rejection-sample-method", nargs="+", default=[REJECTION_SAMPLE_METHODS[0]],
+                   choices=REJECTION_SAMPLE_METHODS, dest="rejection_sample_methods",
+                   help="speculative_config.rejection_sample_method of the speculative rows: "
+                        "standard and/or block (block verification; Model Runner V2 only: "
+                        "vLLM 0.32's V1 runner ignores it)")
     p.add_argument("--no-floor", action="store_true",
                    help="offline: skip the verification floor (a k = 0 engine with (k + 1) x "
                         "concurrency requests in flight per k, the least verifying k + 1 tokens "
@@ -170,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep = Sweep(mode=args.mode, checkpoints=checkpoint_specs,
                   impls=args.impl, ks=args.ks, concurrencies=args.concurrency,
                   temperatures=args.temperatures, by_kind=not args.no_split_kinds,
-                  mla_verify=args.mla_verify,
+                  mla_verify=args.mla_verify, draft_sample_methods=args.draft_sample_methods,
+                  rejection_sample_methods=args.rejection_sample_methods,
                   # the floor is read against k = 0: without it there is nothing to derive
                   floor=args.mode == "offline" and not args.no_floor and any(args.ks)
                   and 0 in args.ks,
@@ -222,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
 
         groups: dict[tuple, list] = {}
         for config in configs:
-            groups.setdefault((config.checkpoint, config.impl, config.k, config.mla_verify),
+            groups.setdefault((config.checkpoint, config.impl, config.k, config.mla_verify,
+                               config.draft_sample_method, config.rejection_sample_method),
                               []).append(config)
         if sweep.base_url:  # one server, whatever it runs: a single group
             groups = {next(iter(groups)): [c for c in next(iter(groups.values()))]}

@@ -44,6 +44,7 @@ def offline_config(sweep: Sweep, ckpt: Checkpoint, config: Config, passes: list[
                     "enforce_eager": sweep.eager or ckpt.engine["eager"],
                     "max_num_seqs": config.concurrency, "seed": sweep.seed},
         step_timings=True, runner=ckpt.engine["runner"],
+        speculative_overrides=config.sample_methods(),
     )
 
 
@@ -96,7 +97,8 @@ def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, measured: dict,
         "parameters": ckpt.parameters, "impl": config.impl, "k": config.k,
         "concurrency": config.concurrency, **measured["label"],
         "num_prompts": config.concurrency if config.fill else len(prompts),
-        "mla_verify": config.mla_verify, "floor_only": config.fill,
+        "mla_verify": config.mla_verify, **config.recorded_sample_methods(),
+        "floor_only": config.fill,
         "compilation": sweep.compilation_for(ckpt),
         "max_tokens": sweep.max_tokens, "repeats": sweep.repeats, "processes": len(results),
         "init_seconds": [r.get("init_seconds") for r in results],

@@ -14,6 +14,11 @@ COLUMNS = ("checkpoint", "impl", "prompts", "T", "k", "conc", "tok/s", "speed-up
            "TPOT ms mean/p50/p99", "draft MiB", "other CPU s")
 
 
+# Row fields of the speculative sampling axes: (field, table label, vLLM's default).
+SAMPLE_METHOD_FIELDS = (("draft_sample_method", "draft", "greedy"),
+                        ("rejection_sample_method", "rejection", "standard"))
+
+
 def _num(value, fmt: str = "{:.2f}") -> str:
     return "–" if value is None else fmt.format(value)
 
@@ -35,7 +40,12 @@ def _tok_s(r: dict) -> str:
 
 
 def _impl(r: dict) -> str:
-    return r["impl"] + (" (verify off)" if r.get("mla_verify") == "off" else "")
+    """The implementation with what sets the row apart: the mla_verify patch off, a draft or
+    rejection sampling method other than vLLM's default."""
+    notes = (["verify off"] if r.get("mla_verify") == "off" else []) + [
+        f"{label} {r[field]}" for field, label, default in SAMPLE_METHOD_FIELDS
+        if r.get(field) not in (None, default)]
+    return r["impl"] + (f" ({', '.join(notes)})" if notes else "")
 
 
 def table_rows(rows: list[dict]) -> list[list[str]]:
@@ -175,8 +185,10 @@ def write_json(path: Path, settings: dict, rows: list[dict], environment: dict) 
     return path
 
 
-_PREFIX = {"concurrency": "c=", "temperature": "T=", "mla_verify": "mla-verify="}
-SERIES_FIELDS = ("checkpoint", "impl", "concurrency", "prompts", "temperature", "mla_verify")
+_PREFIX = {"concurrency": "c=", "temperature": "T=", "mla_verify": "mla-verify=",
+           "draft_sample_method": "draft=", "rejection_sample_method": "rejection="}
+SERIES_FIELDS = ("checkpoint", "impl", "concurrency", "prompts", "temperature", "mla_verify",
+                 "draft_sample_method", "rejection_sample_method")
 
 
 def _series_label(r: dict, varying: list[str]) -> str:

@@ -41,13 +41,17 @@ def server_env(impl: str, runner: str | None = None, verify_env: dict | None = N
     return {**env, **(verify_env or {})}
 
 
-def serve_args(sweep: Sweep, k: int, dtype: str | None = None, eager: bool = False) -> list[str]:
+def serve_args(sweep: Sweep, k: int, dtype: str | None = None, eager: bool = False,
+               sample_methods: dict[str, str] | None = None) -> list[str]:
+    """``vllm serve`` arguments; ``sample_methods`` (``Config.sample_methods``) go into the
+    speculative config."""
     dtype = dtype or sweep.dtype
     args = ["--enforce-eager"] if sweep.eager or eager else []
     args += ["--max-model-len", str(sweep.max_model_len),
             "--max-num-seqs", str(max(sweep.concurrencies)), "--dtype", dtype,
             "--seed", str(sweep.seed)]
-    return args + serve_args_for_dtype(dtype, {"method": "mtp", "num_speculative_tokens": k} if k else None)
+    return args + serve_args_for_dtype(dtype, {"method": "mtp", "num_speculative_tokens": k,
+                                                **(sample_methods or {})} if k else None)
 
 
 def measure(base_url: str, model: str, sweep: Sweep, concurrency: int, measured: dict,
@@ -87,11 +91,11 @@ def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], pass
         base_url, model = sweep.base_url, served_model(sweep.base_url)
     else:
         log_path = log_dir / f"serve-{ckpt.label}-{first.impl}-k{first.k}{first.log_suffix()}.log"
-        args = serve_args(sweep, first.k, ckpt.engine["dtype"], ckpt.engine["eager"])
+        args = serve_args(sweep, first.k, ckpt.engine["dtype"], ckpt.engine["eager"],
+                          first.sample_methods())
         server = Server(ckpt.path, args, log_path=log_path,
                         env=server_env(first.impl, ckpt.engine["runner"], first.verify_env()))
-        log(f"starting server for {ckpt.label} {first.impl} k={first.k}"
-            f"{' mla-verify=off' if first.mla_verify == 'off' else ''} (log: {log_path})")
+        log(f"starting server for {first.label()} (log: {log_path})")
         server.start(sweep.timeout)
         base_url, model = server.base_url, str(ckpt.path)
     rows = []
@@ -106,7 +110,7 @@ def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], pass
                 "mode": "serve", "checkpoint": ckpt.label, "checkpoint_path": str(ckpt.path),
                 "parameters": ckpt.parameters, "impl": config.impl, "k": config.k,
                 "concurrency": config.concurrency, **measured["label"],
-                "mla_verify": config.mla_verify,
+                "mla_verify": config.mla_verify, **config.recorded_sample_methods(),
                 "num_prompts": len(prompts), "compilation": sweep.compilation_for(ckpt),
                 "max_tokens": sweep.max_tokens, "repeats": sweep.repeats,
                 "base_url": base_url, "drafter_class": None, "draft_bytes": None,

@@ -12,6 +12,11 @@ before/after in one run), and ``floor`` adds, for every k > 0 and concurrency c,
 configuration with (k + 1) * c requests in flight, its prompts repeated to fill the batch: the cost
 of a decode step with k + 1 rows per request, the least a verification of k + 1 tokens can cost.
 
+Two axes choose how speculation samples (vLLM's ``speculative_config``): ``draft_sample_methods``
+(``greedy``: argmax drafts; ``probabilistic``: drafts sampled from the drafter's distribution,
+which the rejection sampler then uses) and ``rejection_sample_methods`` (``standard``; ``block``:
+block verification). Like ``mla_verify`` they apply to k > 0 only: the k = 0 baseline is shared.
+
 Engines run in vLLM's default compilation mode (what every user runs) unless ``eager``.
 """
 
@@ -25,6 +30,10 @@ MODES = ("offline", "serve")
 # The benchmark preset (~460 M parameters, where MTP pays off on a small CPU) with a drafter right
 # 80 % of the time at the first position; DeepSeek-V3 reports 85-90 % for its MTP module.
 DEFAULT_CHECKPOINT = "bench:noisy:0.8"
+# vLLM's choices for speculative_config.draft_sample_method / rejection_sample_method, default
+# first ("synthetic" rejection is left out: it forces acceptance rates, nothing to measure).
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+REJECTION_SAMPLE_METHODS = ("standard", "block")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +46,31 @@ class Config:
     mla_verify: str = "on"
     # A floor configuration: the pass's prompts are repeated until ``concurrency`` are in flight.
     fill: bool = False
+    # speculative_config.draft_sample_method / rejection_sample_method (k > 0 only).
+    draft_sample_method: str = DRAFT_SAMPLE_METHODS[0]
+    rejection_sample_method: str = REJECTION_SAMPLE_METHODS[0]
 
     def label(self) -> str:
-        extra = (" mla-verify=off" if self.mla_verify == "off" else "") + (
+        extra = (" mla-verify=off" if self.mla_verify == "off" else "") + "".join(
+            f" {name}={value}" for name, value in self.sample_methods().items()) + (
             " (floor)" if self.fill else "")
         return f"{self.checkpoint} {self.impl} k={self.k} c={self.concurrency}{extra}"
+
+    def sample_methods(self) -> dict[str, str]:
+        """The sampling settings that differ from vLLM's defaults, as speculative_config fields
+        (empty for the defaults, so a vLLM without these fields still runs the default sweep;
+        empty at k = 0: without speculation they change nothing)."""
+        if not self.k:
+            return {}
+        return {name: value for name, value, default in (
+            ("draft_sample_method", self.draft_sample_method, DRAFT_SAMPLE_METHODS[0]),
+            ("rejection_sample_method", self.rejection_sample_method, REJECTION_SAMPLE_METHODS[0]),
+        ) if value != default}
+
+    def recorded_sample_methods(self) -> dict[str, str | None]:
+        """Both settings for a result row: None at k = 0 (nothing is drafted)."""
+        return {"draft_sample_method": self.draft_sample_method if self.k else None,
+                "rejection_sample_method": self.rejection_sample_method if self.k else None}
 
     def verify_env(self) -> dict[str, str]:
         """The engine's switch for the plugin's ``mla_verify_as_decode`` patch (``mla_verify.py``):
@@ -52,7 +81,9 @@ class Config:
 
     def log_suffix(self) -> str:
         """What sets this configuration's engine log apart from its neighbours'."""
-        return ("-verify-off" if self.mla_verify == "off" else "") + ("-floor" if self.fill else "")
+        return ("-verify-off" if self.mla_verify == "off" else "") + "".join(
+            f"-{value}" for value in self.sample_methods().values()) + (
+            "-floor" if self.fill else "")
 
 
 @dataclasses.dataclass
@@ -64,6 +95,10 @@ class Sweep:
     concurrencies: list[int] = dataclasses.field(default_factory=lambda: [1])
     temperatures: list[float] = dataclasses.field(default_factory=lambda: [0.0])
     mla_verify: list[str] = dataclasses.field(default_factory=lambda: ["on"])
+    draft_sample_methods: list[str] = dataclasses.field(
+        default_factory=lambda: [DRAFT_SAMPLE_METHODS[0]])
+    rejection_sample_methods: list[str] = dataclasses.field(
+        default_factory=lambda: [REJECTION_SAMPLE_METHODS[0]])
     # Offline mode: measure the verification floor (k = 0 with (k + 1) * c rows) for every k > 0.
     floor: bool = False
     prompts: str | None = None
@@ -100,6 +135,12 @@ class Sweep:
             raise ValueError("temperatures must be >= 0")
         if not self.mla_verify or set(self.mla_verify) - {"on", "off"}:
             raise ValueError("mla_verify takes 'on' and/or 'off'")
+        for name, values, choices in (
+                ("draft_sample_methods", self.draft_sample_methods, DRAFT_SAMPLE_METHODS),
+                ("rejection_sample_methods", self.rejection_sample_methods,
+                 REJECTION_SAMPLE_METHODS)):
+            if not values or set(values) - set(choices):
+                raise ValueError(f"{name} takes one or more of {choices}, got {values}")
         if self.floor and self.mode != "offline":
             raise ValueError("the verification floor is measured in offline mode (it needs the "
                              "engine's step timings)")
@@ -128,14 +169,18 @@ class Sweep:
     def configs(self) -> list[Config]:
         """Every configuration, grouped so that one serve-mode server covers all concurrencies.
 
-        k = 0 runs once, with the patch as shipped (without speculation it changes nothing); the
-        floor configurations follow the sweep's own, skipping any the sweep already measures with
+        k = 0 runs once, with the patch as shipped and the first sampling methods (without
+        speculation none of them changes anything); the floor configurations follow the sweep's own, skipping any the sweep already measures with
         full batches throughout (a multiple of c prompts)."""
-        configs = [Config(ckpt, impl, k, c, verify)
-                   for ckpt, impl, k, c, verify in itertools.product(
-                       self.checkpoints, self.impls, self.ks, self.concurrencies, self.mla_verify)
+        first = (self.mla_verify[0], self.draft_sample_methods[0],
+                 self.rejection_sample_methods[0])
+        configs = [Config(ckpt, impl, k, c, verify, draft_sample_method=draft,
+                          rejection_sample_method=rejection)
+                   for ckpt, impl, k, c, verify, draft, rejection in itertools.product(
+                       self.checkpoints, self.impls, self.ks, self.concurrencies, self.mla_verify,
+                       self.draft_sample_methods, self.rejection_sample_methods)
                    if impl in self.impls_for.get(ckpt, self.impls)
-                   and (k or verify == self.mla_verify[0])]
+                   and (k or (verify, draft, rejection) == first)]
         if not self.floor:
             return configs
         measured = {(c.checkpoint, c.concurrency) for c in configs  # full batches throughout
@@ -144,7 +189,9 @@ class Sweep:
             impl = self.impls_for.get(ckpt, self.impls)[0]
             for rows in sorted({(k + 1) * c for k in self.ks if k for c in self.concurrencies}):
                 if (ckpt, rows) not in measured:
-                    configs.append(Config(ckpt, impl, 0, rows, self.mla_verify[0], fill=True))
+                    configs.append(Config(ckpt, impl, 0, rows, first[0], fill=True,
+                                          draft_sample_method=first[1],
+                                          rejection_sample_method=first[2]))
                     measured.add((ckpt, rows))
         return configs
 
