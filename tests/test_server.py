@@ -55,34 +55,48 @@ def test_server_log_names_the_drafter_where_it_is_built(server):
             "(embed_tokens + 1 shared_head.head, 2048 x 256 bfloat16 each, this rank)") in line
 
 
-def test_metrics_page_counts_what_was_served(server):
-    """The Prometheus page itself, read line by line (not through ``tools/metrics``): the four
-    spec-decode counters carry values, consistent with each other and with the parser's."""
+COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens_total", "vllm:generation_tokens_total")
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def page_values(server) -> dict:
+    """The counters above as the ``/metrics`` page shows them (summed over their labels), and the
+    accepted tokens per position."""
     import urllib.request
 
-    client = OpenAI(base_url=server.base_url, api_key="EMPTY")
-    client.completions.create(model="tiny", prompt="The river", max_tokens=10, temperature=0.0,
-                              extra_body={"ignore_eos": True})
     page = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read().decode()
-    values: dict[str, float] = {}
-    per_position: dict[int, float] = {}
-    for line in page.splitlines():
-        found = re.match(r'(vllm:spec_decode_[a-z_]+_total)\{([^}]*)\} ([0-9.e+]+)$', line)
-        if not found:
-            continue
-        name, labels, value = found.groups()
-        position = re.search(r'position="(\d+)"', labels)
-        if position:
-            per_position[int(position.group(1))] = per_position.get(int(position.group(1)), 0) + float(value)
-        else:
-            values[name] = values.get(name, 0) + float(value)
-    drafts = values["vllm:spec_decode_num_drafts_total"]
-    assert drafts >= 4  # ceil(9 / 3) drafts for this request alone
-    assert values["vllm:spec_decode_num_draft_tokens_total"] == 2 * drafts
-    assert per_position == {0: drafts, 1: drafts}  # oracle: every draft accepted at both positions
-    assert values["vllm:spec_decode_num_accepted_tokens_total"] == sum(per_position.values())
-    parsed = metrics.scrape(server.base_url)
-    assert (parsed.num_drafts, parsed.accepted_per_position) == (drafts, (drafts, drafts))
+    values: dict = {name: None for name in COUNTERS}
+    positions: dict = {}
+    for (name, labels), value in metrics.parse_prometheus(page).items():
+        if name in COUNTERS:
+            values[name] = (values[name] or 0) + value
+        elif name == PER_POSITION:
+            position = int(dict(labels)["position"])
+            positions[position] = positions.get(position, 0) + value
+    values[PER_POSITION] = [positions[p] for p in sorted(positions)]
+    return values
+
+
+def test_metrics_page_counts_every_draft_of_a_request(server):
+    """The page's counters, read by name: after one 19-token request on the oracle checkpoint
+    (first token from the prefill, then 6 drafts of k = 2, each accepted whole, 1 + 6 * 3 = 19
+    tokens), every counter moved by exactly that; its totals are consistent whatever ran before."""
+    client = OpenAI(base_url=server.base_url, api_key="EMPTY")
+    before = page_values(server)
+    completion = client.completions.create(model="tiny", prompt="The water cycle", max_tokens=19,
+                                           temperature=0.0, extra_body={"ignore_eos": True})
+    after = page_values(server)
+    assert completion.usage.completion_tokens == 19
+    assert None not in after.values() and len(after[PER_POSITION]) == 2, after
+    drafts, drafted, accepted, generated = (after[n] - (before[n] or 0) for n in COUNTERS)
+    per_position = [a - b for a, b in zip(after[PER_POSITION], before[PER_POSITION] or [0, 0])]
+    assert (drafts, drafted, accepted, generated, per_position) == (6, 12, 12, 19, [6, 6])
+    assert generated == 1 + drafts + accepted
+    totals = [after[n] for n in COUNTERS[:3]]
+    assert 0 < totals[0] and totals[1] == 2 * totals[0] and totals[2] <= totals[1], totals
+    assert sum(after[PER_POSITION]) == totals[2]
+    assert after[PER_POSITION][1] <= after[PER_POSITION][0]  # position 1 only after position 0
 
 
 def test_demo_runs_end_to_end_on_the_trained_model(tmp_path):
