@@ -81,7 +81,8 @@ def full_table(name: str) -> str:
     """The bench's own table of a run, as ``vllm-mtp bench report`` renders it."""
     relative = FULL[name]
     rows = load(relative)["results"]
-    return f"{report.markdown_table(rows)}\n\n{impossible_line(rows).strip()} {source_line(relative)}".replace("\n\n ", "\n\n")
+    notes = " ".join(part for part in (impossible_line(rows).strip(), source_line(relative)) if part)
+    return f"{report.markdown_table(rows)}\n\n{notes}"
 
 
 def impossible_line(rows: list[dict]) -> str:
