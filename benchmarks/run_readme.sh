@@ -13,7 +13,10 @@ LOGS=${LOGS:-/tmp/vllm-mtp-bench-logs}
 BENCH="python benchmarks/bench.py"
 
 trained() {  # the headline: the trained tiny DeepSeek, code/prose/chat, greedy and sampled
-    $BENCH offline -m trained -k 0 1 2 3 --impl plugin in-tree --temperature 0 1 \
+    # (T = 0.6 as DeepSeek recommends for R1, T = 1 as OpenAI clients default), greedy and
+    # probabilistic drafts
+    $BENCH offline -m trained -k 0 1 2 3 --impl plugin in-tree --temperature 0 0.6 1 \
+        --draft-sample-method greedy probabilistic \
         --num-prompts 4 --max-tokens 64 --repeats 1 --processes 3 \
         --out "$OUT/trained" --log-dir "$LOGS/trained"
 }
