@@ -19,6 +19,10 @@ VIEWS: dict[str, View] = {
     "trained-acceptance-intervals": View(acceptance.trained_intervals, TRAINED),
     "trained-first-position-t0": View(partial(acceptance.first_position_range, 0.0), TRAINED),
     "trained-first-position-t1": View(partial(acceptance.first_position_range, 1.0), TRAINED),
+    "trained-first-position-t1-probabilistic": View(
+        partial(acceptance.first_position_range, 1.0, "probabilistic"), TRAINED),
+    "trained-sampling": View(acceptance.trained_sampling, TRAINED),
+    "trained-sampling-separation": View(acceptance.sampling_separation, TRAINED),
     **{f"trained-k3-{kind}": View(partial(acceptance.k3_positions, kind), TRAINED)
        for kind in acceptance.KINDS},
     "no-plugin": View(acceptance.no_plugin_table, (acceptance.NO_PLUGIN,)),

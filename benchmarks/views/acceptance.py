@@ -11,63 +11,141 @@ TRAINED = "benchmarks/results/trained/results.json"
 KINDS = ("code", "prose", "chat")
 
 
+DRAFTS = ("greedy", "probabilistic")
+
+
 def _temperatures() -> list[float]:
     return sorted({r["temperature"] for r in bench_rows(TRAINED, impl="plugin")})
 
 
-def _same_counters(k: int, kind: str, temperature: float) -> bool:
-    rows = [one_row(TRAINED, impl=impl, k=k, prompts=kind, temperature=temperature)
-            for impl in ("plugin", "in-tree")]
+def _drafts(temperature: float) -> tuple[str, ...]:
+    """The draft methods a temperature's rows show: at T = 0 both draft by argmax (checked in
+    ``_same_at_greedy``), so greedy alone."""
+    measured = {r.get("draft_sample_method") for r in bench_rows(TRAINED, temperature=temperature)
+                if r["k"]}
+    return tuple(d for d in DRAFTS if d in measured and (temperature or d == "greedy"))
+
+
+def trained_row(impl: str, k: int, kind: str, temperature: float, drafts: str = "greedy") -> dict:
+    """One row of the trained run; k = 0 rows have no draft method."""
+    return one_row(TRAINED, impl=impl, k=k, prompts=kind, temperature=temperature,
+                   draft_sample_method=drafts if k else None)
+
+
+def _same_counters(k: int, kind: str, temperature: float, drafts: str) -> bool:
+    rows = [trained_row(impl, k, kind, temperature, drafts) for impl in ("plugin", "in-tree")]
     return rows[0]["spec_decode"] == rows[1]["spec_decode"]
 
 
+def _same_at_greedy() -> bool:
+    """At T = 0 probabilistic drafts are argmax drafts: the same counters as greedy ones."""
+    return all(trained_row("plugin", r["k"], r["prompts"], 0.0, "probabilistic")["spec_decode"]
+               == trained_row("plugin", r["k"], r["prompts"], 0.0)["spec_decode"]
+               for r in bench_rows(TRAINED, impl="plugin", temperature=0.0,
+                                   draft_sample_method="probabilistic"))
+
+
 def trained_acceptance() -> str:
-    """Per position at k = 1, 2, 3 and the acceptance length; drafts counted once."""
+    """Per position at k = 1, 2, 3 and the acceptance length, per kind, temperature and draft
+    method; drafts counted once."""
     rows, identical = [], True
     for temperature in _temperatures():
-        for kind in KINDS:
-            cells, lengths, drafts = [kind, f"{temperature:g}"], [], []
-            for k in (1, 2, 3):
-                row = one_row(TRAINED, impl="plugin", k=k, prompts=kind, temperature=temperature)
-                cells.append(" ".join(rate(p) for p in row["per_position_acceptance"]))
-                lengths.append(rate(row["mean_acceptance_length"]))
-                drafts.append(f"{distinct_drafts(row)[0]:.0f}")
-                identical &= _same_counters(k, kind, temperature)
-            rows.append(cells + [" / ".join(lengths), " / ".join(drafts)])
-    text = table(["prompts", "T", "k = 1", "k = 2", "k = 3", "acceptance length k = 1 / 2 / 3",
-                  "drafts k = 1 / 2 / 3"], rows)
+        for drafts in _drafts(temperature):
+            for kind in KINDS:
+                cells, lengths, counted = [kind, f"{temperature:g}", drafts], [], []
+                for k in (1, 2, 3):
+                    row = trained_row("plugin", k, kind, temperature, drafts)
+                    cells.append(" ".join(rate(p) for p in row["per_position_acceptance"]))
+                    lengths.append(rate(row["mean_acceptance_length"]))
+                    counted.append(f"{distinct_drafts(row)[0]:.0f}")
+                    identical &= _same_counters(k, kind, temperature, drafts)
+                rows.append(cells + [" / ".join(lengths), " / ".join(counted)])
+    text = table(["prompts", "T", "drafts", "k = 1", "k = 2", "k = 3",
+                  "acceptance length k = 1 / 2 / 3", "drafts k = 1 / 2 / 3"], rows)
     same = ("vLLM's in-tree class gave the same counters in every row" if identical else
             "**the in-tree class's counters differ in some rows** (see the results file)")
-    return f"{text}\n\nPlugin; {same}. {source_line(TRAINED)}"
+    greedy = ("; at T = 0 probabilistic drafts gave the greedy rows' counters (both draft by "
+              "argmax)" if _same_at_greedy() else
+              "; **at T = 0 probabilistic drafts gave other counters than greedy ones**")
+    return f"{text}\n\nPlugin; {same}{greedy}. {source_line(TRAINED)}"
+
+
+def _interval_cells(drafts: float, accepted: list[float]) -> list[str]:
+    cells = []
+    for a in accepted:
+        low, high = wilson(a, drafts)
+        cells.append(f"{a / drafts:.2f} [{low:.2f}–{high:.2f}]")
+    return cells
 
 
 def trained_intervals() -> str:
     """k = 3 per position with its 95 % interval: what a comparison between kinds can rest on."""
     rows = []
     for temperature in _temperatures():
-        for kind in KINDS:
-            row = one_row(TRAINED, impl="plugin", k=3, prompts=kind, temperature=temperature)
-            drafts, accepted = distinct_drafts(row)
-            cells = []
-            for a in accepted:
-                low, high = wilson(a, drafts)
-                cells.append(f"{a / drafts:.2f} [{low:.2f}–{high:.2f}]")
-            rows.append([kind, f"{temperature:g}", f"{drafts:.0f}", *cells])
-    text = table(["prompts", "T", "drafts", "position 1", "position 2", "position 3"], rows)
+        for drafts in _drafts(temperature):
+            for kind in KINDS:
+                row = trained_row("plugin", 3, kind, temperature, drafts)
+                counted, accepted = distinct_drafts(row)
+                rows.append([kind, f"{temperature:g}", drafts, f"{counted:.0f}",
+                             *_interval_cells(counted, accepted)])
+    text = table(["prompts", "T", "drafts", "drafts counted", "position 1", "position 2",
+                  "position 3"], rows)
     return (f"{text}\n\nk = 3, plugin; 95 % Wilson intervals over the drafts of one pass (engine "
             f"processes replay the same requests). {source_line(TRAINED)}")
 
 
-def first_position_range(temperature: float) -> str:
+def _pooled_rows(k: int, temperature: float, drafts: str, impl: str = "plugin") -> list[dict]:
+    return [trained_row(impl, k, kind, temperature, drafts) for kind in KINDS]
+
+
+def trained_sampling() -> str:
+    """Sampled requests, greedy against probabilistic drafts: per position at k = 3 over all
+    kinds with 95 % intervals, acceptance lengths, and the speed-up over k = 0 per kind."""
+    rows = []
+    for temperature in [t for t in _temperatures() if t > 0]:
+        for drafts in _drafts(temperature):
+            counted, accepted = _pooled(_pooled_rows(3, temperature, drafts))
+            lengths = []
+            for k in (1, 2, 3):
+                n, a = _pooled(_pooled_rows(k, temperature, drafts))
+                lengths.append(rate(1 + sum(a) / n))
+            speedups = [r.get("speedup") for r in _pooled_rows(3, temperature, drafts)]
+            rows.append([f"{temperature:g}", drafts, f"{counted:.0f}",
+                         " / ".join(_interval_cells(counted, accepted)), " / ".join(lengths),
+                         " / ".join("–" if v is None else f"{v:.2f}×" for v in speedups)])
+    text = table(["T", "drafts", "drafts counted (k = 3)", "per position at k = 3 [95 %]",
+                  "acceptance length k = 1 / 2 / 3", "speed-up k = 3: code / prose / chat"], rows)
+    return (f"{text}\n\nPlugin, code + prose + chat pooled, seeded requests (the same random "
+            f"streams for every configuration); speed-up over k = 0 of the same kind and "
+            f"temperature, median of the engine processes. {source_line(TRAINED)}")
+
+
+def sampling_separation() -> str:
+    """Whether probabilistic drafts' pooled k = 3 intervals separate from greedy drafts' at every
+    position and temperature > 0 (a generated "higher" or "within noise" with where)."""
+    from vllm_mtp_plugin.tools.bench.stats import comparison
+
+    verdicts = []
+    for temperature in [t for t in _temperatures() if t > 0]:
+        pooled = {d: _pooled(_pooled_rows(3, temperature, d)) for d in DRAFTS}
+        for i in range(3):
+            a, b = (wilson(pooled[d][1][i], pooled[d][0]) for d in ("probabilistic", "greedy"))
+            verdicts.append((temperature, i + 1, comparison(a, b)))
+    if all(v == "higher" for *_, v in verdicts):
+        return "their 95 % intervals above the greedy drafts' at every position and temperature"
+    return "; ".join(f"T = {t:g} position {i}: {v}" for t, i, v in verdicts)
+
+
+def first_position_range(temperature: float, drafts: str = "greedy") -> str:
     """"0.68–0.79": the first position's acceptance over the prompt kinds at k = 1."""
-    values = [one_row(TRAINED, impl="plugin", k=1, prompts=kind,
-                      temperature=temperature)["per_position_acceptance"][0] for kind in KINDS]
+    values = [trained_row("plugin", 1, kind, temperature, drafts)["per_position_acceptance"][0]
+              for kind in KINDS]
     return f"{min(values):.2f}–{max(values):.2f}"
 
 
 def k3_positions(kind: str) -> str:
     """"0.77 / 0.45 / 0.34": greedy acceptance per position at k = 3 for one prompt kind."""
-    row = one_row(TRAINED, impl="plugin", k=3, prompts=kind, temperature=0.0)
+    row = trained_row("plugin", 3, kind, 0.0)
     return " / ".join(rate(p) for p in row["per_position_acceptance"])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from vllm_mtp_plugin.tools.bench import report
 from vllm_mtp_plugin.tools.bench.plausibility import row_problems
 
-from .acceptance import KINDS, TRAINED, _temperatures
+from .acceptance import KINDS, TRAINED, _drafts, _temperatures, trained_row
 from .common import bench_rows, load, one_row, rate, source_line, table
 
 VERIFY = {"trained": "benchmarks/results/verify-trained/results.json",
@@ -25,16 +25,17 @@ def trained_speed() -> str:
     """Speed-up against k = 0 of the same kind and temperature, and what it is made of at k = 3."""
     rows = []
     for temperature in _temperatures():
-        for kind in KINDS:
-            def at(impl, k):
-                return one_row(TRAINED, impl=impl, k=k, prompts=kind, temperature=temperature)
-            ours = [at("plugin", k) for k in (1, 2, 3)]
-            theirs = [at("in-tree", k) for k in (1, 2, 3)]
-            rows.append([kind, f"{temperature:g}", " / ".join(_speedup(r) for r in ours),
-                         " / ".join(_speedup(r) for r in theirs),
-                         rate(ours[2]["output_tok_s"] / theirs[2]["output_tok_s"]),
-                         rate(ours[2].get("verify_cost_ratio")), rate(ours[2].get("draft_cost_ratio"))])
-    text = table(["prompts", "T", "speed-up k = 1 / 2 / 3 (plugin)", "in-tree",
+        for drafts in _drafts(temperature):
+            for kind in KINDS:
+                ours = [trained_row("plugin", k, kind, temperature, drafts) for k in (1, 2, 3)]
+                theirs = [trained_row("in-tree", k, kind, temperature, drafts) for k in (1, 2, 3)]
+                rows.append([kind, f"{temperature:g}", drafts,
+                             " / ".join(_speedup(r) for r in ours),
+                             " / ".join(_speedup(r) for r in theirs),
+                             rate(ours[2]["output_tok_s"] / theirs[2]["output_tok_s"]),
+                             rate(ours[2].get("verify_cost_ratio")),
+                             rate(ours[2].get("draft_cost_ratio"))])
+    text = table(["prompts", "T", "drafts", "speed-up k = 1 / 2 / 3 (plugin)", "in-tree",
                   "plugin / in-tree tok/s k = 3", "verify cost k = 3 (decode steps)",
                   "draft cost c k = 3"], rows)
     other = max(r["interference"]["other_cpu_s"] for r in bench_rows(TRAINED))
