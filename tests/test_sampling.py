@@ -158,13 +158,14 @@ def mode_sample(checkpoints, tmp_path_factory):
                         tmp_path_factory.mktemp("noisy-soft"), tensors=soften)
 
     @functools.cache
-    def run(k: int, runner: str, impl: str = "plugin", **overrides) -> dict:
+    def run(k: int, runner: str, impl: str = "plugin", samples: int = MODE_SAMPLES,
+            log_path: str | None = None, **overrides) -> dict:
         settings = MODE_SETTINGS[runner]
-        sampling = [{**s, "seed": 1000} for s in settings for _ in range(MODE_SAMPLES)]
+        sampling = [{**s, "seed": 1000} for s in settings for _ in range(samples)]
         return run_config(OfflineConfig(str(model), k, impl, ["Hello world"] * len(sampling), 3,
                                         sampling=sampling, runner=runner,
                                         eager="outside-the-graph", speculative_overrides=overrides,
-                                        llm_kwargs={"dtype": "float32"}))
+                                        llm_kwargs={"dtype": "float32"}), log_path=log_path)
 
     return run
 
@@ -197,13 +198,37 @@ def test_probabilistic_drafts_on_v1_are_lossless_and_equal_in_tree(mode_sample):
                                                               plugin["spec_decode"])
 
 
-def test_block_verification_on_v2_is_lossless(mode_sample):
-    """Model Runner V2 (harness), rejection_sample_method "block": the distribution of V1's k = 0.
+def test_block_verification_on_v2_is_lossless(mode_sample, tmp_path):
+    """Model Runner V2 (harness), rejection_sample_method "block": the distribution of V1's k = 0,
+    no warning that block is ignored (V2 has it), and vLLM's class gives the same tokens and
+    counters.
     (V2 with probabilistic drafts does not run in Triton's interpreter here: its gumbel_sample
     kernel fails with "mask has unsupported dtype".)"""
-    with_mtp = mode_sample(2, "v2", **BLOCK)
+    log = tmp_path / "engine.log"
+    with_mtp = mode_sample(2, "v2", log_path=str(log), **BLOCK)
     assert with_mtp["runner"] == "v2" and with_mtp["spec_decode"]["num_drafts"] > 0
+    assert "Using V2 Model Runner" in log.read_text() and "is ignored" not in log.read_text()
+    in_tree = mode_sample(2, "v2", "in-tree", **BLOCK)
+    assert (in_tree["token_ids"], in_tree["spec_decode"]) == (with_mtp["token_ids"],
+                                                              with_mtp["spec_decode"])
     assert distribution_failures(mode_sample(0, "v1"), with_mtp, "v2") == []
+
+
+def test_block_on_v1_is_announced_and_verifies_like_standard_with_greedy_drafts(mode_sample,
+                                                                              tmp_path):
+    """On V1 the drafter warns at start-up that "block" is ignored and probabilistic drafts turn
+    greedy, and that is what happens: the tokens and counters of greedy drafts, standard
+    verification (same seeds)."""
+    log = tmp_path / "engine.log"
+    ignored = mode_sample(2, "v1", samples=40, log_path=str(log), **PROBABILISTIC, **BLOCK)
+    text = log.read_text()
+    assert ('rejection_sample_method "block" is ignored by vLLM\'s V1 model runner' in text
+            and 'drafted greedily although draft_sample_method is "probabilistic"' in text), \
+        text[-3000:]
+    greedy = mode_sample(2, "v1", samples=40)
+    assert ignored["spec_decode"]["num_drafts"] > 0
+    assert (ignored["token_ids"], ignored["spec_decode"]) == (greedy["token_ids"],
+                                                              greedy["spec_decode"])
 
 
 def test_v1_has_no_block_verification():

@@ -153,6 +153,32 @@ class MTPLayerStack(nn.Module):
         return embed
 
 
+def warn_if_block_verification_ignored(vllm_config: VllmConfig) -> bool:
+    """Say at start-up what vLLM 0.32's V1 runner does silently with block verification.
+
+    Its rejection sampler has no block mode (``v1/sample/rejection_sampler.py``), so
+    ``rejection_sample_method: "block"`` verifies as "standard"; and its proposer keeps draft
+    probabilities only for "standard" (``v1/spec_decode/llm_base_proposer.py``,
+    ``_enable_probabilistic_draft_probs``), so "probabilistic" drafts become argmax drafts too:
+    acceptance at temperature > 0 falls to greedy drafting's. Model Runner V2 (vLLM's GPU
+    default) has both. Returns whether it warned."""
+    spec = vllm_config.speculative_config
+    if spec is None or getattr(spec, "rejection_sample_method", "standard") != "block":
+        return False
+    if vllm_config.use_v2_model_runner:
+        return False
+    drafts = getattr(spec, "draft_sample_method", "greedy")
+    logger.warning(
+        "vllm-mtp-plugin: rejection_sample_method \"block\" is ignored by vLLM's V1 model runner "
+        "(it has no block verification): drafts are verified the standard way%s. Drop "
+        "rejection_sample_method%s, or serve on Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1, "
+        "GPUs), which verifies blocks.",
+        " and drafted greedily although draft_sample_method is \"probabilistic\""
+        if drafts == "probabilistic" else "",
+        " to keep probabilistic drafts" if drafts == "probabilistic" else "")
+    return True
+
+
 class DeepSeekMultiTokenPredictor(nn.Module):
     """The drafter vLLM builds for ``method: "mtp"``; subclasses pick the layer variant.
 
@@ -172,6 +198,7 @@ class DeepSeekMultiTokenPredictor(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         refuse_pipeline_parallelism(vllm_config)
+        warn_if_block_verification_ignored(vllm_config)
         self.config = draft_hf_config(vllm_config)
         self.vllm_config = vllm_config
         self.model = MTPLayerStack(vllm_config, self.layer_cls, prefix=maybe_prefix(prefix, "model"))
