@@ -9,7 +9,8 @@ from vllm.v1.spec_decode.dynamic.utils import (build_dynamic_sd_schedule_lookup,
                                                validate_and_normalize_dynamic_sd_schedule)
 
 from vllm_mtp_plugin.tools.tune import model
-from vllm_mtp_plugin.tools.tune.cli import engine_args, result, summary_text
+from vllm_mtp_plugin.tools.tune.cli import (draft_methods, engine_args, parse_args, result,
+                                            summary_text)
 from vllm_mtp_plugin.tools.tune.measure import TuneRun, engine_config, passes
 
 
@@ -196,3 +197,74 @@ def test_check_against_a_fixed_k_sweep(tmp_path):
     assert (tmp_path / "tune_vs_fixed.png").stat().st_size > 0
     assert json.loads((tmp_path / "check.json").read_text())["verdicts"][0]["tuned_k"] == 2
     assert check.main([str(tune_json), str(one), str(many), "--out", str(tmp_path)]) == 1
+
+
+def _two_method_result(probabilistic_accepted: list[int]) -> dict:
+    """tune's result when greedy and probabilistic drafts were measured at k = 0..2, c = 1 and 4:
+    the same step costs (probabilistic a little dearer), the acceptance as given."""
+    run = TuneRun(model="m", prompts=["a"], concurrencies=[1, 4], max_k=2, temperature=1.0,
+                  draft_sample_methods=["greedy", "probabilistic"])
+    steps = {(1, 0): 49.0, (1, 1): 59.0, (1, 2): 69.0, (4, 0): 99.0, (4, 1): 170.0, (4, 2): 229.0}
+    points = []
+    for p in _points(steps):
+        for method in (["greedy", "probabilistic"] if p["k"] else [None]):
+            extra = 2.0 if method == "probabilistic" else 0.0
+            points.append({**p, "step_ms": p["step_ms"] + extra, "measured_tok_s": 1.0,
+                           "draft_sample_method": method})
+    by_method = {"greedy": {"num_drafts": 100, "accepted_per_position": [30, 9]},
+                 "probabilistic": {"num_drafts": 100,
+                                   "accepted_per_position": probabilistic_accepted}}
+    return result(run, {"points": points, "compilation": ["x"],
+                        "acceptance_counters": by_method["greedy"],
+                        "acceptance_counters_by_method": by_method})
+
+
+def test_sampled_traffic_recommends_the_draft_method_that_pays():
+    data = _two_method_result([60, 29])
+    assert data["draft_sample_method"] == "probabilistic"
+    assert data["speculative_config"]["draft_sample_method"] == "probabilistic"
+    methods = data["draft_methods"]
+    assert methods["probabilistic"]["acceptance"]["per_position"] == pytest.approx([0.6, 0.29])
+    assert methods["greedy"]["acceptance"]["per_position"] == pytest.approx([0.3, 0.09])
+    # the top level is the chosen method's, computed from its own step costs
+    assert data["expected_tok_s"] == methods["probabilistic"]["expected_tok_s"]
+    # c = 1, k = 1: N = 64 tokens in 63 / tau_1 steps of (59 + 2) ms + 1 ms outside
+    assert data["expected_tok_s"]["1"]["1"] == pytest.approx(64 / (63 / 1.6 * 0.062))
+    assert methods["probabilistic"]["mean_best_speedup"] > methods["greedy"]["mean_best_speedup"]
+    text = summary_text(data)
+    assert "acceptance per draft position at k = 2, probabilistic drafts: 0.60 0.29" in text
+    assert "draft method: probabilistic (mean speed-up of the best k over no speculation: " in text
+    assert '"draft_sample_method": "probabilistic"' in text
+    # no better acceptance for a dearer step: greedy stays, and the config names no method
+    data = _two_method_result([30, 9])
+    assert data["draft_sample_method"] == "greedy"
+    assert "draft_sample_method" not in (data["speculative_config"] or {})
+
+
+def test_draft_methods_measured_by_default_and_their_engines():
+    assert draft_methods(parse_args(["m", "--temperature", "0.6"])[0]) == ["greedy",
+                                                                           "probabilistic"]
+    assert draft_methods(parse_args(["m"])[0]) == ["greedy"]
+    assert draft_methods(parse_args(["m", "--temperature", "1", "--draft-sample-method",
+                                     "probabilistic"])[0]) == ["probabilistic"]
+    run = TuneRun(model="m", prompts=["a"], concurrencies=[1], temperature=1.0,
+                  draft_sample_methods=["greedy", "probabilistic"])
+    assert engine_config(run, 2, "probabilistic").speculative_overrides == {
+        "draft_sample_method": "probabilistic"}
+    assert engine_config(run, 0, None).speculative_overrides == {}
+    with pytest.raises(ValueError, match="draft sample methods must be some of"):
+        TuneRun(model="m", prompts=["a"], concurrencies=[1], draft_sample_methods=["top"])
+
+
+def test_check_compares_only_the_chosen_draft_method(tmp_path):
+    from vllm_mtp_plugin.tools.tune import check
+
+    rows = [{"mode": "offline", "concurrency": 1, "k": k, "runs": [{"output_tok_s": v}],
+             "draft_sample_method": method}
+            for k, method, v in ((0, None, 100.0), (1, "greedy", 110.0),
+                                 (1, "probabilistic", 150.0))]
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"results": rows}))
+    for method, k1 in (("greedy", 110.0), ("probabilistic", 150.0)):
+        table = check.measured([path], {"temperature": 0.0, "draft_sample_method": method})
+        assert (table[1][0]["median"], table[1][1]["median"]) == (100.0, k1)

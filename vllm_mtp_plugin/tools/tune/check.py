@@ -8,7 +8,8 @@ speculation per fixed k, and the tuned choice). The noise of a configuration is 
 measured passes (every engine process and repeat): a pick is "within noise" of the measured best
 when the two ranges overlap, and "slower than no speculation" only when its whole range lies
 below k = 0's. Only the sweep's rows that measure what tune measured count: the plugin, one prompt
-set, tune's temperature, the same checkpoint, vLLM's verification patch as shipped.
+set, tune's temperature, the same checkpoint, vLLM's verification patch as shipped, the draft
+method tune chose.
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ from .plot import measured_against_pick
 
 def comparable(row: dict, settings: dict) -> bool:
     """A sweep row measured as tune measures: offline, not a floor row, the plugin, all prompts as
-    one set, tune's temperature, the checkpoint tune ran (where both name one)."""
+    one set, tune's temperature, the checkpoint tune ran (where both name one), tune's draft
+    method (k > 0)."""
     same_model = (not row.get("checkpoint_path") or not settings.get("model")
                   or local_path(row["checkpoint_path"]).resolve()
                   == local_path(settings["model"]).resolve())
     return (row.get("mode") == "offline" and not row.get("floor_only") and bool(row.get("runs"))
             and row.get("impl", "plugin") == "plugin" and row.get("prompts", "all") == "all"
             and float(row.get("temperature") or 0.0) == float(settings.get("temperature") or 0.0)
-            and row.get("mla_verify", "on") == "on" and same_model)
+            and row.get("mla_verify", "on") == "on" and same_model
+            and (not row.get("k") or (row.get("draft_sample_method") or "greedy")
+                 == (settings.get("draft_sample_method") or "greedy")))
 
 
 def measured(results_files: list[Path], settings: dict | None = None) -> dict[int, dict[int, dict]]:
@@ -113,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     tune = json.loads(args.tune.read_text())
     try:
-        table = measured(args.results, tune.get("settings"))
+        table = measured(args.results, {**(tune.get("settings") or {}),
+                                        "draft_sample_method": tune.get("draft_sample_method")})
     except ValueError as exc:
         raise SystemExit(f"tune check: {exc}") from None
     verdicts = compare(tune, table)

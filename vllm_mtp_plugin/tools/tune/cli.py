@@ -35,6 +35,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature of your traffic (acceptance falls with it)")
+    p.add_argument("--draft-sample-method", nargs="+", choices=["greedy", "probabilistic"],
+                   help="speculative_config.draft_sample_method(s) to measure; default: both when "
+                        "--temperature > 0 (recommending the one that pays), else greedy (at "
+                        "temperature 0 they draft alike)")
     p.add_argument("--repeats", type=int, default=1, help="measured passes per (k, concurrency)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("tune.json"))
@@ -46,6 +50,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         "measurements are impossible or the machine was busy; still so: no "
                         "recommendation, exit 3")
     return p.parse_known_args(argv)
+
+
+def draft_methods(args: argparse.Namespace) -> list[str]:
+    """The draft methods to measure: as given, else both for sampled traffic (probabilistic
+    drafts raise acceptance there) and greedy alone at temperature 0 (they draft alike)."""
+    if args.draft_sample_method:
+        return args.draft_sample_method
+    return ["greedy", "probabilistic"] if args.temperature > 0 else ["greedy"]
 
 
 def engine_args(extra: list[str]) -> dict:
@@ -86,33 +98,60 @@ def resolve_model(spec: str, log=print) -> str:
                          f"preset ({exc})") from None
 
 
-def result(run: TuneRun, measured: dict) -> dict:
-    """tune.json: vLLM's schedule key at the top level, then what it was derived from."""
-    taus = tune_model.acceptance_lengths(measured["acceptance_counters"], run.max_k)
-    expected = tune_model.predictions(measured["points"], taus, run.max_tokens)
+def method_points(points: list[dict], method: str) -> list[dict]:
+    """The points one draft method's choice rests on: its own k > 0 engines and the k = 0 one."""
+    return [p for p in points if not p["k"] or (p.get("draft_sample_method") or "greedy") == method]
+
+
+def method_choice(run: TuneRun, points: list[dict], counters: dict) -> dict:
+    """One draft method's acceptance, expected tokens/s and best k per concurrency."""
+    taus = tune_model.acceptance_lengths(counters, run.max_k)
+    expected = tune_model.predictions(points, taus, run.max_tokens)
     best = tune_model.best_k(expected)
-    if not best:
-        raise SystemExit("vllm-mtp tune: no concurrency has decode-step timings without "
-                         f"speculation; the engine logs say why ({measured.get('logs')})")
-    ranges = tune_model.schedule(best)
-    spec = tune_model.speculative_config(ranges)
     return {
-        "num_speculative_tokens_per_batch_size": ranges,
-        "speculative_config": spec,
         "best_fixed_k": {str(c): k for c, k in best.items()},
         "expected_tok_s": {str(c): {str(k): v for k, v in by_k.items()}
                            for c, by_k in expected.items()},
         "expected_speedup": {str(c): {str(k): v / by_k[0] for k, v in by_k.items()}
                              for c, by_k in expected.items() if by_k.get(0)},
+        "mean_best_speedup": tune_model.mean_best_speedup(expected, best),
         "acceptance": {"acceptance_lengths": taus,
                        "per_position": [b - a for a, b in zip(taus, taus[1:])],
-                       "counters_at_max_k": measured["acceptance_counters"]},
+                       "counters_at_max_k": counters},
+    }
+
+
+def result(run: TuneRun, measured: dict) -> dict:
+    """tune.json: vLLM's schedule key at the top level, then what it was derived from. With
+    several draft methods measured, the top-level figures are the chosen method's and
+    ``draft_methods`` holds each method's."""
+    by_method = (measured.get("acceptance_counters_by_method")
+                 or {run.draft_sample_methods[0]: measured["acceptance_counters"]})
+    choices = {m: method_choice(run, method_points(measured["points"], m), counters)
+               for m, counters in by_method.items()}
+    method = tune_model.preferred_draft_method(
+        {m: c["mean_best_speedup"] for m, c in choices.items()})
+    chosen = choices[method]
+    best = {int(c): k for c, k in chosen["best_fixed_k"].items()}
+    if not best:
+        raise SystemExit("vllm-mtp tune: no concurrency has decode-step timings without "
+                         f"speculation; the engine logs say why ({measured.get('logs')})")
+    ranges = tune_model.schedule(best)
+    spec = tune_model.speculative_config(ranges, method)
+    return {
+        "num_speculative_tokens_per_batch_size": ranges,
+        "speculative_config": spec,
+        "draft_sample_method": method,
+        **{key: chosen[key] for key in ("best_fixed_k", "expected_tok_s", "expected_speedup",
+                                         "acceptance")},
+        "draft_methods": choices if len(choices) > 1 else None,
         "measurements": measured["points"],
         "compilation": measured["compilation"],
         "ks_measured": measured.get("ks"),
         "settings": {"model": run.model, "concurrencies": run.concurrencies,
                      "max_k": run.max_k, "max_tokens": run.max_tokens,
                      "temperature": run.temperature, "repeats": run.repeats,
+                     "draft_sample_methods": run.draft_sample_methods,
                      "engine_args": run.engine_args, "num_prompts": len(run.prompts)},
     }
 
@@ -130,19 +169,26 @@ def busy_points(points: list[dict]) -> list[str]:
 
 
 def problems(data: dict) -> list[str]:
-    """Why tune must not recommend from ``data``: impossible figures or a busy machine."""
+    """Why tune must not recommend from ``data``: impossible figures (of any draft method
+    measured) or a busy machine."""
     from ..bench.plausibility import tune_problems
 
-    expected = {int(c): {int(k): v for k, v in by_k.items()}
-                for c, by_k in data["expected_speedup"].items()}
-    return (tune_problems(data["measurements"], data["acceptance"]["acceptance_lengths"], expected)
-            + busy_points(data["measurements"]))
+    found = []
+    for method, choice in (data.get("draft_methods") or {data["draft_sample_method"]: data}).items():
+        expected = {int(c): {int(k): v for k, v in by_k.items()}
+                    for c, by_k in choice["expected_speedup"].items()}
+        named = [f"{line} ({method} drafts)" if data.get("draft_methods") else line
+                 for line in tune_problems(method_points(data["measurements"], method),
+                                           choice["acceptance"]["acceptance_lengths"], expected)]
+        found += [line for line in named if line not in found]
+    return found + busy_points(data["measurements"])
 
 
 def summary_text(data: dict) -> str:
     """The table of expected (and, from tune's own passes, measured) tokens/s, and the advice."""
     max_k = data["settings"]["max_k"]
-    measured = {(p["concurrency"], p["k"]): p["measured_tok_s"] for p in data["measurements"]}
+    measured = {(p["concurrency"], p["k"]): p["measured_tok_s"] for p in method_points(
+        data["measurements"], data.get("draft_sample_method") or "greedy")}
     lines = ["expected tokens/s (measured in tune's own pass), per concurrency and k; * = best", "",
              "| concurrency | " + " | ".join(f"k = {k}" for k in range(max_k + 1)) + " | best k |",
              "|---|" + "---|" * (max_k + 2)]
@@ -158,9 +204,16 @@ def summary_text(data: dict) -> str:
                          + (f" ({seen:.1f})" if seen else "")
                          + (" *" if data["best_fixed_k"][c] == k else ""))
         lines.append(f"| {c} | " + " | ".join(cells) + f" | {data['best_fixed_k'][c]} |")
-    taus = data["acceptance"]["per_position"]
-    lines += ["", "acceptance per draft position at k = %d: %s" % (
-        max_k, " ".join(f"{a:.2f}" for a in taus))]
+    method = data.get("draft_sample_method") or "greedy"
+    lines += [""]
+    for name, choice in (data.get("draft_methods") or {method: data}).items():
+        lines.append("acceptance per draft position at k = %d%s: %s" % (
+            max_k, f", {name} drafts" if data.get("draft_methods") else "",
+            " ".join(f"{a:.2f}" for a in choice["acceptance"]["per_position"])))
+    if data.get("draft_methods"):
+        lines.append(f"draft method: {method} (mean speed-up of the best k over no speculation: "
+                     + ", ".join(f"{name} {choice['mean_best_speedup']:.2f}x"
+                                 for name, choice in data["draft_methods"].items()) + ")")
     spec = data["speculative_config"]
     if spec is None:
         lines += ["", "MTP does not pay off at any concurrency measured here: serve without "
@@ -184,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     run = TuneRun(model=resolve_model(args.model), prompts=prompts,
                   concurrencies=args.concurrency, max_k=args.max_k, max_tokens=args.max_tokens,
                   temperature=args.temperature, seed=args.seed, repeats=args.repeats,
-                  engine_args=engine_args(extra), timeout=args.timeout)
+                  engine_args=engine_args(extra), timeout=args.timeout,
+                  draft_sample_methods=draft_methods(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = args.log_dir or args.out.parent / "tune-logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,11 @@ c requests at once (``max_num_seqs`` = the largest c), so every decode step hold
 k > 0 that is verifying c * (k + 1) tokens plus k draft forwards; the pass's wall time minus the
 time inside the model runner gives what each step costs outside it (scheduling, output
 processing). vLLM's counters of the k = max-k engine give the acceptance per draft position.
+
+Sampled traffic (``--temperature`` > 0) measures every k > 0 once per draft method (vLLM's
+``speculative_config.draft_sample_method``: greedy argmax drafts, or probabilistic drafts that
+the rejection sampler weighs with the drafter's probabilities), since the method sets both the
+acceptance and what a draft step costs; the points carry their method.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+from ..bench.sweep import DRAFT_SAMPLE_METHODS
 from ..offline import OfflineConfig, run_config
 
 
@@ -31,6 +37,8 @@ class TuneRun:
     # vLLM engine arguments given on the command line (non-default values only).
     engine_args: dict = dataclasses.field(default_factory=dict)
     timeout: float = 1800.0
+    # speculative_config.draft_sample_method values to measure (k > 0 engines, one per method).
+    draft_sample_methods: list[str] = dataclasses.field(default_factory=lambda: ["greedy"])
 
     def __post_init__(self):
         if self.max_k < 1:
@@ -40,6 +48,11 @@ class TuneRun:
         if not self.concurrencies or min(self.concurrencies) < 1:
             raise ValueError("concurrencies must be >= 1")
         self.concurrencies = sorted(set(self.concurrencies))
+        unknown = sorted(set(self.draft_sample_methods) - set(DRAFT_SAMPLE_METHODS))
+        if unknown or not self.draft_sample_methods:
+            raise ValueError(f"draft sample methods must be some of {DRAFT_SAMPLE_METHODS}, "
+                             f"not {unknown or 'none'}")
+        self.draft_sample_methods = list(dict.fromkeys(self.draft_sample_methods))
 
 
 def passes(run: TuneRun) -> list[dict]:
@@ -51,7 +64,7 @@ def passes(run: TuneRun) -> list[dict]:
              "sampling": sampling, "chat": chat} for c in run.concurrencies]
 
 
-def engine_config(run: TuneRun, k: int) -> OfflineConfig:
+def engine_config(run: TuneRun, k: int, draft_sample_method: str | None = None) -> OfflineConfig:
     """Prefix caching off unless asked for: the passes share prompts, and a cached prompt would
     hide its prefill. Several ranks need vLLM's default process mode (the in-process engine runs
     one)."""
@@ -65,7 +78,9 @@ def engine_config(run: TuneRun, k: int) -> OfflineConfig:
                          prompts=per_concurrency[0]["prompts"], max_tokens=run.max_tokens,
                          ignore_eos=True, warmup_prompts=run.warmup, repeats=run.repeats,
                          llm_kwargs=llm_kwargs, step_timings=True, default_process_mode=ranks > 1,
-                         max_model_len=run.engine_args.get("max_model_len"))
+                         max_model_len=run.engine_args.get("max_model_len"),
+                         speculative_overrides={"draft_sample_method": draft_sample_method}
+                         if k and draft_sample_method else {})
 
 
 def allowed_ks(model: str, max_k: int) -> list[int]:
@@ -82,7 +97,7 @@ def allowed_ks(model: str, max_k: int) -> list[int]:
     return [k for k in range(max_k + 1) if k <= n or k % n == 0]
 
 
-def point(k: int, c: int, runs: list[dict]) -> dict:
+def point(k: int, c: int, runs: list[dict], draft_sample_method: str | None = None) -> dict:
     """The measurement of (k, c): medians over repeats of step time and outside-runner time."""
     from ..bench.analysis import median as med
 
@@ -94,7 +109,7 @@ def point(k: int, c: int, runs: list[dict]) -> dict:
     mean = [(s["all_steps_s"] - (s.get("prefill_s") or 0.0)) / s["decode_steps"] for s in steps
             if s.get("decode_steps") and s.get("all_steps_s") is not None]
     return {
-        "k": k, "concurrency": c,
+        "k": k, "concurrency": c, "draft_sample_method": draft_sample_method if k else None,
         "step_ms": med(s.get("step_ms") for s in steps),
         "mean_step_ms": med(mean) * 1e3 if mean else None,
         "draft_ms": med(s.get("draft_ms") for s in steps) if k else 0.0,
@@ -109,24 +124,32 @@ def point(k: int, c: int, runs: list[dict]) -> dict:
 
 def measure(run: TuneRun, log_dir: Path, on_start: Callable[[str], None] = print,
             reverse: bool = False) -> dict:
-    """Every (k, c) point, the acceptance counters at k = max-k, and the engines' compilation.
-    ``reverse`` runs the engines from the largest k down: a re-measurement in the other order
-    lets a drift of the machine's speed hit the k's the other way round."""
+    """Every (k, c) point per draft method, the acceptance counters of each method's k = max-k
+    engine, and the engines' compilation. ``reverse`` runs the engines from the largest k down: a
+    re-measurement in the other order lets a drift of the machine's speed hit the k's the other
+    way round."""
     from ..bench.analysis import total_counters
 
-    points, compilation, at_max_k = [], set(), []
+    points, compilation = [], set()
+    at_max_k: dict[str, list[dict]] = {m: [] for m in run.draft_sample_methods}
     ks = allowed_ks(run.model, run.max_k)
     for k in sorted(set(range(run.max_k + 1)) - set(ks)):
         on_start(f"k = {k}: skipped (vLLM takes k <= the MTP layers or a multiple of them)")
-    for k in (reversed(ks) if reverse else ks):
-        on_start(f"k = {k}: one engine, concurrency {', '.join(map(str, run.concurrencies))}")
-        result = run_config(engine_config(run, k), timeout=run.timeout,
-                            log_path=str(log_dir / f"tune-k{k}.log"))
+    several = len(run.draft_sample_methods) > 1
+    engines = [(0, None)] + [(k, m) for m in run.draft_sample_methods for k in ks if k]
+    for k, method in (reversed(engines) if reverse else engines):
+        name = f"k = {k}" + (f", {method} drafts" if several and k else "")
+        on_start(f"{name}: one engine, concurrency {', '.join(map(str, run.concurrencies))}")
+        log = f"tune-k{k}" + (f"-{method}" if several and k else "") + ".log"
+        result = run_config(engine_config(run, k, method), timeout=run.timeout,
+                            log_path=str(log_dir / log))
         compilation.add(str(result.get("compilation")))
         for c in run.concurrencies:
             runs = [r for r in result["runs"] if r.get("pass") == {"concurrency": c}]
-            points.append(point(k, c, runs))
+            points.append(point(k, c, runs, method))
             if k == ks[-1] and c == run.concurrencies[-1]:  # the largest pass: no prompt twice
-                at_max_k += [r["spec_decode"] for r in runs]
-    return {"points": points, "acceptance_counters": total_counters(at_max_k).summary(),
+                at_max_k[method] += [r["spec_decode"] for r in runs]
+    by_method = {m: total_counters(runs).summary() for m, runs in at_max_k.items()}
+    return {"points": points, "acceptance_counters": by_method[run.draft_sample_methods[0]],
+            "acceptance_counters_by_method": by_method,
             "compilation": sorted(compilation), "ks": ks}

@@ -12,6 +12,11 @@ output tokens takes its prompt's prefill (measured per pass: the steps that star
 ``tok/s(c, k) = c * N / (prefill(k, c) + (N - 1) / tau_k * (step(k, c) + outside(k, c)))``
 
 with N = ``--max-tokens`` (set it to your typical output length); k = 0 has tau = 1.
+
+Draft method. Sampled traffic is measured with each draft method (greedy, probabilistic); each
+gives its own tau and step costs, hence its own best k per concurrency. vLLM takes one method per
+engine, so tune recommends the one whose best k gains most over no speculation across the
+concurrencies measured (mean speed-up; greedy, vLLM's default, on a tie).
 """
 
 from __future__ import annotations
@@ -49,6 +54,17 @@ def best_k(expected: dict[int, dict[int, float]]) -> dict[int, int]:
             if 0 in by_k}
 
 
+def mean_best_speedup(expected: dict[int, dict[int, float]], best: dict[int, int]) -> float:
+    """The speed-up over k = 0 of each concurrency's best k, averaged over concurrencies."""
+    gains = [expected[c][k] / expected[c][0] for c, k in best.items() if expected[c].get(0)]
+    return sum(gains) / len(gains) if gains else 0.0
+
+
+def preferred_draft_method(gains: dict[str, float]) -> str:
+    """The draft method with the largest mean best speed-up; the first listed (greedy) on a tie."""
+    return max(gains, key=lambda m: (gains[m], -list(gains).index(m)))
+
+
 def schedule(best: dict[int, int]) -> list[list[int]]:
     """vLLM's ``num_speculative_tokens_per_batch_size``: inclusive batch-size ranges and their k.
 
@@ -67,12 +83,16 @@ def schedule(best: dict[int, int]) -> list[list[int]]:
     return ranges
 
 
-def speculative_config(ranges: list[list[int]]) -> dict | None:
-    """The ``--speculative-config`` for the schedule; None where no batch size gains from MTP."""
+def speculative_config(ranges: list[list[int]],
+                       draft_sample_method: str = "greedy") -> dict | None:
+    """The ``--speculative-config`` for the schedule (with the draft method where it is not
+    vLLM's default); None where no batch size gains from MTP."""
     top = max(k for _, _, k in ranges)
     if top == 0:
         return None
     config = {"method": "mtp", "num_speculative_tokens": top}
+    if draft_sample_method != "greedy":
+        config["draft_sample_method"] = draft_sample_method
     if len({k for _, _, k in ranges}) > 1:
         config["num_speculative_tokens_per_batch_size"] = ranges
     return config

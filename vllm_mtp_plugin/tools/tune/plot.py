@@ -37,7 +37,8 @@ def expected(data: dict, path: Path) -> Path:
             ys = [data["expected_tok_s"][str(c)].get(str(k)) for c in cs]
             line, = ax.plot(cs, ys, "-", label=f"k = {k}")
             seen = [(p["concurrency"], p["measured_tok_s"]) for p in data["measurements"]
-                    if p["k"] == k]
+                    if p["k"] == k and (not k or (p.get("draft_sample_method") or "greedy")
+                                        == (data.get("draft_sample_method") or "greedy"))]
             ax.plot(*zip(*seen), "x", color=line.get_color())
         chosen_cs = [c for c in cs if str(c) in data["best_fixed_k"]]
         chosen = [data["expected_tok_s"][str(c)][str(data["best_fixed_k"][str(c)])]
