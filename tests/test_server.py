@@ -111,15 +111,21 @@ def test_demo_runs_end_to_end_on_the_trained_model(tmp_path):
 
     dtype = "the checkpoint's" if AVX512_BF16 in host_cpu_flags() else "float32"
     assert f"[demo] engine dtype: {dtype}; vLLM's default compilation" in out.stdout
-    # Two requests of each kind, each printed with its reply: replies differ by prompt.
-    replies = re.findall(r"^\[demo\] (code|prose|chat) +.* -> 16 tokens: (.*)$", out.stdout, re.M)
-    assert [kind for kind, _ in replies] == ["code"] * 2 + ["prose"] * 2 + ["chat"] * 2
-    assert len({reply for _, reply in replies}) == 6 and not any("<|t" in r for _, r in replies)
+    # Served with probabilistic drafts, the recommended method for sampled requests.
+    assert '"draft_sample_method": "probabilistic"}' in out.stdout
+    # Two requests of each kind, each printed with its reply: replies differ by prompt; the chat
+    # prompts once more sampled at T = 0.6.
+    replies = re.findall(r"^\[demo\] (code|prose|chat(?:, T=0\.6)?) +.* -> 16 tokens: (.*)$",
+                         out.stdout, re.M)
+    assert [kind for kind, _ in replies] == (["code"] * 2 + ["prose"] * 2 + ["chat"] * 2
+                                             + ["chat, T=0.6"] * 2)
+    assert len({reply for _, reply in replies[:6]}) == 6
+    assert not any("<|t" in r for _, r in replies)
     # One acceptance table per kind from vLLM's counters (2 requests of 16 tokens, k = 2). Each
     # request's first token comes from its prefill, then each draft gives 1 + its accepted tokens,
     # the last one cut at max_tokens: 2 * 16 <= 2 + drafts + accepted <= 2 * (16 + 2).
     firsts = []
-    for kind in ("code", "prose", "chat"):
+    for kind in ("code", "prose", "chat", "chat, T=0.6"):
         block = out.stdout.split(f"\n{kind}:\n", 1)[1].split("\n\n", 1)[0]
         row = dict(re.findall(r"^ *(\S.*?) {2,}(\S+)$", block, re.M))
         drafts, drafted, accepted = (int(row[n]) for n in ("drafts", "draft tokens",

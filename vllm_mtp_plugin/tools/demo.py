@@ -5,7 +5,10 @@ language model and its MTP layer trained together on Django's documentation and 
 ``vllm-mtp serve`` on 127.0.0.1 with ``--speculative-config '{"method": "mtp", ...}'``, sends code,
 prose and chat prompts with the ``openai`` client, reads ``/metrics`` around each kind of prompt,
 prints what the model wrote and the acceptance per draft position per kind, and stops the server.
-That acceptance is measured by vLLM's counters; nothing in the model sets it.
+That acceptance is measured by vLLM's counters; nothing in the model sets it. The chat prompts go
+once more sampled (``--sampled-temperature``, 0.6 by default, as DeepSeek recommends for R1; seeded),
+served with probabilistic drafts (``--draft-sample-method``): at temperature > 0 they are accepted
+far more often than vLLM's default argmax drafts, and greedy requests draft by argmax either way.
 
 ``--mode oracle|noisy|random`` serves a constructed checkpoint instead, whose drafter is right by
 construction (oracle), about ``--acceptance`` of the time (noisy) or at random.
@@ -83,7 +86,15 @@ def parse_args(argv):
     p.add_argument("--num-speculative-tokens", "-k", type=int, default=3)
     p.add_argument("--requests", type=int, default=6,
                    help="requests to send (per prompt kind with --mode trained)")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of the code, prose and chat requests")
+    p.add_argument("--sampled-temperature", type=float, default=0.6,
+                   help="the chat prompts once more at this temperature, seeded (0: not sent)")
+    p.add_argument("--draft-sample-method", default="probabilistic",
+                   choices=("greedy", "probabilistic"),
+                   help="speculative_config.draft_sample_method: probabilistic (default) drafts "
+                        "from the MTP layer's distribution, which sampled requests accept more "
+                        "often; greedy is vLLM's default")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log", default=None, help="server log file (default: in the cache dir)")
@@ -107,30 +118,47 @@ def demo_prompts(mode: str, n: int) -> list[tuple[str, str]]:
     return [("completion" if i % 2 == 0 else "chat", texts[i % len(texts)]) for i in range(n)]
 
 
+def with_sampled_chat(prompts: list[tuple[str, str]], temperature: float,
+                      sampled: float) -> list[tuple[str, str, float]]:
+    """``(kind, prompt, temperature)``: every prompt at ``temperature``, then the chat prompts
+    again at ``sampled`` (none when it is 0 or equal)."""
+    rows = [(kind, prompt, temperature) for kind, prompt in prompts]
+    if sampled > 0 and sampled != temperature:
+        rows += [(kind, prompt, sampled) for kind, prompt in prompts if kind == "chat"]
+    return rows
+
+
 def send(client, model: str, kind: str, prompt: str, max_tokens: int,
-         temperature: float) -> tuple[str, int]:
+         temperature: float, seed: int | None = None) -> tuple[str, int]:
     """One request: a chat for kind ``chat``, a completion otherwise. Returns (text, tokens)."""
+    extra = {"seed": seed} if seed is not None else {}
     if kind == "chat":
         r = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
-            temperature=temperature)
+            temperature=temperature, **extra)
         return r.choices[0].message.content or "", r.usage.completion_tokens
     r = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                  temperature=temperature)
+                                  temperature=temperature, **extra)
     return r.choices[0].text, r.usage.completion_tokens
 
 
-def measure_by_kind(client, base_url: str, model: str, prompts: list[tuple[str, str]],
-                    max_tokens: int, temperature: float) -> dict[str, tuple[object, int]]:
-    """Per kind: the counters' difference over its requests and the tokens generated."""
+def measure_by_kind(client, base_url: str, model: str, prompts: list[tuple[str, str, float]],
+                    max_tokens: int, base_temperature: float,
+                    seed: int = 0) -> dict[str, tuple[object, int]]:
+    """Per kind (and temperature, where it is not ``base_temperature``): the counters'
+    difference over its requests and the tokens generated. Sampled requests are seeded."""
+    def label(kind: str, temperature: float) -> str:
+        return kind if temperature == base_temperature else f"{kind}, T={temperature:g}"
+
     results: dict[str, tuple[object, int]] = {}
-    for kind in dict.fromkeys(k for k, _ in prompts):
+    for name in dict.fromkeys(label(k, t) for k, _, t in prompts):
         before, generated = metrics.scrape(base_url), 0
-        for _, prompt in (p for p in prompts if p[0] == kind):
-            text, tokens = send(client, model, kind, prompt, max_tokens, temperature)
+        for i, (kind, prompt, t) in enumerate(p for p in prompts if label(p[0], p[2]) == name):
+            text, tokens = send(client, model, kind, prompt, max_tokens, t,
+                                seed + i if t > 0 else None)
             generated += tokens
-            print(f"[demo] {kind:<10} {prompt[:40]!r:44} -> {tokens} tokens: {text[:60]!r}")
-        results[kind] = (metrics.scrape(base_url) - before, generated)
+            print(f"[demo] {name:<10} {prompt[:40]!r:44} -> {tokens} tokens: {text[:60]!r}")
+        results[name] = (metrics.scrape(base_url) - before, generated)
     return results
 
 
@@ -175,6 +203,8 @@ def main(argv=None) -> int:
     model = Path(args.model) if args.model else tiny_checkpoint(args.mode, args.acceptance, args.seed,
                                                                 args.variant)
     spec = {"method": "mtp", "num_speculative_tokens": args.num_speculative_tokens}
+    if args.draft_sample_method != "greedy":
+        spec["draft_sample_method"] = args.draft_sample_method
     serve_args = ["--speculative-config", json.dumps(spec), "--served-model-name", "mtp-demo",
                   "--max-model-len", "1024", "--max-num-seqs", "8"]
     if args.variant == "v3":  # vLLM's default compilation, as users run it
@@ -198,10 +228,11 @@ def main(argv=None) -> int:
         print(f"[demo] server ready after {time.monotonic() - started:.0f} s")
         client = OpenAI(base_url=server.base_url, api_key="EMPTY")
         t0 = time.monotonic()
-        results = measure_by_kind(client, server.base_url, "mtp-demo",
-                                  demo_prompts(args.mode if not args.model else "constructed",
-                                               args.requests),
-                                  args.max_tokens, args.temperature)
+        prompts = with_sampled_chat(
+            demo_prompts(args.mode if not args.model else "constructed", args.requests),
+            args.temperature, args.sampled_temperature)
+        results = measure_by_kind(client, server.base_url, "mtp-demo", prompts,
+                                  args.max_tokens, args.temperature, args.seed)
         elapsed = time.monotonic() - t0
     except ServerError as exc:
         print(f"[demo] {exc}", file=sys.stderr)
