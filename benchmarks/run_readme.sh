@@ -2,7 +2,7 @@
 # Reproduce the figures in the docs: one part per folder of benchmarks/results, each writing that
 # folder and then rendering the docs' tables from it (python benchmarks/tables.py):
 #   run_readme.sh [trained] [verify_bench] [verify_trained] [verify_avx2] [offline] [sizes] [serve]
-#                 [tune_bench] [tune_trained] [no_plugin] [v4tiny] [training]
+#                 [tune_bench] [tune_trained] [tune_sampled] [no_plugin] [v4tiny] [training]
 # (all without arguments; several hours on 2 cores). Run it on a quiet machine: every result row
 # records the CPU time other processes used meanwhile, and speed figures are medians over 3
 # engine processes per configuration.
@@ -74,6 +74,12 @@ tune_proof() {  # vllm-mtp tune's pick against the measured best fixed k at conc
 tune_bench() { tune_proof bench:noisy:0.8 bench; }
 tune_trained() { tune_proof trained trained; }
 
+tune_sampled() {  # vllm-mtp tune on sampled traffic (T = 0.6): greedy or probabilistic drafts?
+    vllm-mtp tune trained --temperature 0.6 --concurrency 1 4 --max-k 3 --max-tokens 64 \
+        --repeats 2 --dtype float32 --out "$OUT/tune-sampled/tune.json" \
+        --log-dir "$LOGS/tune-sampled"
+}
+
 no_plugin() {  # what the plugin changes: vLLM alone (no plugin) next to the plugin and the in-tree class
     $BENCH offline -m trained -k 0 2 --impl plugin in-tree vllm --temperature 0 0.6 1 --no-floor \
         --num-prompts 4 --max-tokens 64 --repeats 1 --processes 1 \
@@ -85,12 +91,12 @@ v4tiny() {  # DeepSeek-V4 MTP: a bf16 V4 target through Model Runner V2 in Trito
         --repeats 1 --processes 1 --out "$OUT/v4tiny" --log-dir "$LOGS/v4tiny"
 }
 
-training() {  # vllm-mtp train's proofs: graft, recursive, foreign, refresh (results/training)
-    python benchmarks/train_proofs.py graft recursive foreign refresh
+training() {  # vllm-mtp train's proofs: graft, recursive, foreign, refresh, loss (results/training)
+    python benchmarks/train_proofs.py graft recursive foreign refresh loss
     python benchmarks/train_proofs.py plot
 }
 
-parts=${*:-trained verify_bench verify_trained verify_avx2 offline sizes serve tune_bench tune_trained no_plugin v4tiny training}
+parts=${*:-trained verify_bench verify_trained verify_avx2 offline sizes serve tune_bench tune_trained tune_sampled no_plugin v4tiny training}
 for p in $parts; do
     "$p"
     python benchmarks/tables.py  # the docs' tables and figures from what the part wrote

@@ -6,14 +6,13 @@ training). Writes ``benchmarks/results/training/<proof>.json``; ``docs/training.
     python benchmarks/train_proofs.py refresh    # (b) target fine-tuned on C++ -> layer refreshed
     python benchmarks/train_proofs.py recursive  # (c) depth-3 recursive vs depth-1 training
     python benchmarks/train_proofs.py foreign    # (d) a target written by transformers
+    python benchmarks/train_proofs.py loss       # (e) KL- vs CE-trained layer, greedy/sampled
     python benchmarks/train_proofs.py plot       # docs/training-acceptance.png from the results
 
-Each proof runs in full, start to end (the refresh result committed before this was so comes
-from a run stopped at training step 400 of 1,186 and exported by hand; its table says so until
-it is re-run). Each proof runs ``vllm-mtp train``
-with its defaults (unless stated), then serves every
-checkpoint at k = 1..3 (V1 runner, vLLM's default compilation, greedy, 4 held-out prompts per kind
-x 64 tokens) and records per-position acceptance.
+Each proof runs in full, start to end, with ``vllm-mtp train``'s defaults unless stated, then
+serves every checkpoint at k = 1..3 (V1 runner, vLLM's default compilation, greedy unless stated,
+the held-out code and prose prompts x 64 tokens) and records per-position acceptance with the
+drafts counted.
 """
 
 from __future__ import annotations
@@ -35,15 +34,20 @@ RESULTS = Path(__file__).parent / "results" / "training"
 PROMPTS = trained.shipped_dir().parent / "trained_prompts.jsonl"
 
 
-def acceptance(model: Path, ks=(1, 2, 3), prompts: list[str] | None = None) -> dict:
-    """Per k: per-position acceptance and acceptance length, over the held-out prompts."""
+def acceptance(model: Path, ks=(1, 2, 3), prompts: list[str] | None = None,
+               temperature: float = 0.0, drafts: str = "greedy", seeds: int = 1) -> dict:
+    """Per k: per-position acceptance and acceptance length, over the held-out prompts; sampled
+    (``temperature`` > 0) each prompt goes ``seeds`` times, request i seeded ``i``."""
     groups = load_prompt_groups(PROMPTS)
     prompts = prompts or [p for kind, ps in groups.items() if kind != "chat" for p in ps]
+    prompts = prompts * seeds
+    sampling = {"temperature": temperature, "seed": 0} if temperature else {}
     rows = {}
     for k in ks:
         run = run_config(OfflineConfig(model=str(model), num_speculative_tokens=k, prompts=prompts,
                                        max_tokens=64, llm_kwargs={"dtype": "bfloat16"},
-                                       default_process_mode=False))
+                                       default_process_mode=False, sampling=sampling,
+                                       speculative_overrides={"draft_sample_method": drafts}))
         spec = run["spec_decode"]
         rows[k] = {"per_position": spec["per_position_acceptance"],
                    "acceptance_length": 1 + spec["num_accepted_tokens"] / spec["num_drafts"],
@@ -94,6 +98,26 @@ def foreign(root: Path) -> dict:
     files = sorted(p.name for p in (root / "foreign").iterdir())
     run = train(root / "foreign", root / "foreign-trained")
     return {"files": files, "train": run, "trained": acceptance(root / "foreign-trained")}
+
+
+SAMPLED_SEEDS = 4  # each held-out prompt sampled 4 times: ~4x the drafts of a greedy pass
+
+
+def loss(root: Path) -> dict:
+    """(e) Which loss for which drafting: two layers trained from scratch on the same target and
+    data, ``--loss kl`` (toward the target's distribution, the default) and ``--loss ce`` (toward
+    its tokens), served at k = 2 greedy (T = 0) and sampled at T = 1 with greedy and with
+    probabilistic drafts (``draft_sample_method``), which accept a draft by min(1, p / q)."""
+    bare = trained.write_checkpoint(root / "bare", 0)
+    result = {}
+    for name in ("kl", "ce"):
+        result[f"train_{name}"] = train(bare, root / name, "--loss", name)
+        result[name] = {
+            "t0_greedy": acceptance(root / name, ks=(2,)),
+            "t1_greedy": acceptance(root / name, ks=(2,), temperature=1.0, seeds=SAMPLED_SEEDS),
+            "t1_probabilistic": acceptance(root / name, ks=(2,), temperature=1.0,
+                                           drafts="probabilistic", seeds=SAMPLED_SEEDS)}
+    return result
 
 
 def cpp_documents() -> list[tuple[str, str]]:
@@ -199,7 +223,8 @@ def refresh(root: Path) -> dict:
             "fine_tuned_refreshed_on_cpp": acceptance(root / "refreshed", prompts=held_prompts)}
 
 
-PROOFS = {"graft": graft, "refresh": refresh, "recursive": recursive, "foreign": foreign}
+PROOFS = {"graft": graft, "refresh": refresh, "recursive": recursive, "foreign": foreign,
+          "loss": loss}
 
 
 PLOTTED = (("graft", "untrained_initial_layer", "untrained layer"),
