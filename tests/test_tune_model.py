@@ -233,12 +233,26 @@ def test_sampled_traffic_recommends_the_draft_method_that_pays():
     assert methods["probabilistic"]["mean_best_speedup"] > methods["greedy"]["mean_best_speedup"]
     text = summary_text(data)
     assert "acceptance per draft position at k = 2, probabilistic drafts: 0.60 0.29" in text
-    assert "draft method: probabilistic (mean speed-up of the best k over no speculation: " in text
+    assert "draft method: probabilistic (mean over concurrencies of the best k's speed-up " in text
     assert '"draft_sample_method": "probabilistic"' in text
     # no better acceptance for a dearer step: greedy stays, and the config names no method
     data = _two_method_result([30, 9])
     assert data["draft_sample_method"] == "greedy"
     assert "draft_sample_method" not in (data["speculative_config"] or {})
+
+
+def test_when_no_k_pays_the_method_to_speculate_with_is_still_named():
+    """Both methods' best k is 0 (speed-up 1.0 each): the tie goes to the method whose best
+    k > 0 comes closest, and no speculation is recommended."""
+    assert model.preferred_draft_method({"greedy": (1.0, 0.8), "probabilistic": (1.0, 0.9)}) == \
+        "probabilistic"
+    assert model.preferred_draft_method({"greedy": (1.0, 0.9), "probabilistic": (1.0, 0.9)}) == \
+        "greedy"
+    expected = {1: {0: 100.0, 1: 80.0, 2: 90.0}, 4: {0: 300.0, 1: 240.0, 2: 210.0}}
+    best = model.best_k(expected)
+    assert best == {1: 0, 4: 0}
+    assert model.mean_best_speedup(expected, best) == 1.0
+    assert model.mean_best_speedup(expected, best, speculating=True) == pytest.approx(0.85)
 
 
 def test_draft_methods_measured_by_default_and_their_engines():

@@ -115,6 +115,7 @@ def method_choice(run: TuneRun, points: list[dict], counters: dict) -> dict:
         "expected_speedup": {str(c): {str(k): v / by_k[0] for k, v in by_k.items()}
                              for c, by_k in expected.items() if by_k.get(0)},
         "mean_best_speedup": tune_model.mean_best_speedup(expected, best),
+        "mean_best_speculative_speedup": tune_model.mean_best_speedup(expected, best, True),
         "acceptance": {"acceptance_lengths": taus,
                        "per_position": [b - a for a, b in zip(taus, taus[1:])],
                        "counters_at_max_k": counters},
@@ -130,7 +131,8 @@ def result(run: TuneRun, measured: dict) -> dict:
     choices = {m: method_choice(run, method_points(measured["points"], m), counters)
                for m, counters in by_method.items()}
     method = tune_model.preferred_draft_method(
-        {m: c["mean_best_speedup"] for m, c in choices.items()})
+        {m: (c["mean_best_speedup"], c["mean_best_speculative_speedup"])
+         for m, c in choices.items()})
     chosen = choices[method]
     best = {int(c): k for c, k in chosen["best_fixed_k"].items()}
     if not best:
@@ -211,9 +213,13 @@ def summary_text(data: dict) -> str:
             max_k, f", {name} drafts" if data.get("draft_methods") else "",
             " ".join(f"{a:.2f}" for a in choice["acceptance"]["per_position"])))
     if data.get("draft_methods"):
-        lines.append(f"draft method: {method} (mean speed-up of the best k over no speculation: "
-                     + ", ".join(f"{name} {choice['mean_best_speedup']:.2f}x"
-                                 for name, choice in data["draft_methods"].items()) + ")")
+        methods = data["draft_methods"].items()
+        lines.append(f"draft method: {method} (mean over concurrencies of the best k's speed-up "
+                     "over no speculation: " + ", ".join(
+                         f"{name} {choice['mean_best_speedup']:.2f}x" for name, choice in methods)
+                     + "; of the best k > 0: " + ", ".join(
+                         f"{name} {choice['mean_best_speculative_speedup']:.2f}x"
+                         for name, choice in methods) + ")")
     spec = data["speculative_config"]
     if spec is None:
         lines += ["", "MTP does not pay off at any concurrency measured here: serve without "

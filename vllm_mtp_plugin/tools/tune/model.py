@@ -16,7 +16,8 @@ with N = ``--max-tokens`` (set it to your typical output length); k = 0 has tau 
 Draft method. Sampled traffic is measured with each draft method (greedy, probabilistic); each
 gives its own tau and step costs, hence its own best k per concurrency. vLLM takes one method per
 engine, so tune recommends the one whose best k gains most over no speculation across the
-concurrencies measured (mean speed-up; greedy, vLLM's default, on a tie).
+concurrencies measured (mean speed-up; on a tie, the better best k > 0; then greedy, vLLM's
+default).
 """
 
 from __future__ import annotations
@@ -54,15 +55,26 @@ def best_k(expected: dict[int, dict[int, float]]) -> dict[int, int]:
             if 0 in by_k}
 
 
-def mean_best_speedup(expected: dict[int, dict[int, float]], best: dict[int, int]) -> float:
-    """The speed-up over k = 0 of each concurrency's best k, averaged over concurrencies."""
-    gains = [expected[c][k] / expected[c][0] for c, k in best.items() if expected[c].get(0)]
+def mean_best_speedup(expected: dict[int, dict[int, float]], best: dict[int, int],
+                      speculating: bool = False) -> float:
+    """The speed-up over k = 0 of each concurrency's best k (``speculating``: best k > 0),
+    averaged over concurrencies."""
+    gains = []
+    for c in best:
+        by_k = expected[c]
+        if not by_k.get(0):
+            continue
+        ks = [k for k in by_k if k] if speculating else [best[c]]
+        if ks:
+            gains.append(max(by_k[k] for k in ks) / by_k[0])
     return sum(gains) / len(gains) if gains else 0.0
 
 
-def preferred_draft_method(gains: dict[str, float]) -> str:
-    """The draft method with the largest mean best speed-up; the first listed (greedy) on a tie."""
-    return max(gains, key=lambda m: (gains[m], -list(gains).index(m)))
+def preferred_draft_method(gains: dict[str, tuple[float, float]]) -> str:
+    """The draft method with the largest mean best speed-up; where they tie (e.g. no k pays with
+    either, both 1.0), the larger mean speed-up of the best k > 0, i.e. the method to speculate
+    with; the first listed (greedy) on a full tie."""
+    return max(gains, key=lambda m: (*gains[m], -list(gains).index(m)))
 
 
 def schedule(best: dict[int, int]) -> list[list[int]]:
