@@ -132,6 +132,39 @@ def test_vllms_top_k_top_p_kernel_runs_interpreted_and_matches_pytorch():
                     "kp": [[1, 1, 6, 1, 100]] * 2 + [True]}
 
 
+GUMBEL = """
+import json, torch
+from vllm.v1.worker.gpu.sample.gumbel import gumbel_sample
+import triton, triton.language as tl
+import triton.language.extra.libdevice as tldevice
+
+@triton.jit
+def log1p_kernel(x_ptr, y_ptr):
+    i = tl.arange(0, 4)
+    tl.store(y_ptr + i, tldevice.log1p(tl.load(x_ptr + i)))
+
+x, y = torch.tensor([0.1, 0.2, 0.5, 1.0]), torch.empty(4)
+log1p_kernel[(1,)](x, y)
+torch.manual_seed(0)
+logits, cache = torch.randn(2, 100), torch.zeros(4, 3, 100)
+gumbel_sample(logits, torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0.6, 0.6, 0.0, 0.0]),
+              torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6]), True, True, logits_cache=cache,
+              logits_cache_col=torch.tensor(0, dtype=torch.int32))
+print(json.dumps({"log1p": (y - torch.log1p(x)).abs().max().item(),
+                  "cached": bool(torch.equal(cache[:2, 0], logits)),
+                  "untouched": bool(cache[2:].eq(0).all() and cache[:, 1:].eq(0).all())}))
+"""
+
+
+@pytest.mark.skipif(not needs_interpreter(), reason="V2 runs natively here: no harness")
+def test_v2s_probabilistic_drafting_kernels_run_interpreted():
+    """A block mask and'ed with a scalar is a bool mask (the interpreter made it int32), and
+    ``libdevice.log1p`` computes (a stub returning None in the interpreter): V2's gumbel_sample
+    stores the draft logits a probabilistic rejection needs, exactly where it should."""
+    facts = _python(GUMBEL, harness_env())
+    assert facts == {"log1p": pytest.approx(0.0, abs=1e-6), "cached": True, "untouched": True}
+
+
 def test_offline_child_env_per_runner():
     base = {"PATH": os.environ.get("PATH", "")}
     v2 = child_env("plugin", base, runner="v2")

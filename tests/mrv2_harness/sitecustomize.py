@@ -110,6 +110,62 @@ def _install_cpu_backend() -> None:
     backends["cpu"] = Backend(compiler=InterpreterOnlyBackend, driver=InterpreterCPUDriver)
     _loop_variables_as_tensors()
     _device_calls_reuse_the_launch_patches()
+    _memory_masks_as_bool()
+    _interpreted_libdevice_log1p()
+
+
+def _interpreted_libdevice_log1p() -> None:
+    """``libdevice.log1p`` computed with numpy in the interpreter.
+
+    ``triton.language.extra.libdevice`` holds stubs that a GPU backend's compiler replaces; the
+    interpreter does not, so a call returns None ("cannot convert None ... to tensor"). vLLM's
+    Model Runner V2 calls one of them, ``log1p``, when it resamples a rejected probabilistic
+    draft (``v1/worker/gpu/spec_decode/rejection_sampler_utils.py``, ``_resample_kernel``: the
+    residual max(p - q, 0) in log space). Other stubs are left as they are: nothing here calls them.
+    """
+    import numpy as np
+    import triton.language as tl
+    import triton.language.extra.libdevice as libdevice
+    from triton.runtime import interpreter
+
+    def log1p(x):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            data = np.log1p(x.handle.data)
+        return tl.core.tensor(interpreter.TensorHandle(data.astype(x.handle.data.dtype),
+                                                       x.handle.dtype), x.type)
+
+    libdevice.log1p = log1p
+
+
+def _memory_masks_as_bool() -> None:
+    """Hand loads and stores their mask as bool, as compiled Triton's i1 masks are.
+
+    Triton 3.9's interpreter computes ``block_mask & scalar_bool`` as int32 (compiled Triton: i1),
+    and its load/store then fail with "mask has unsupported dtype": vLLM's ``gumbel_sample``
+    stores draft logits with ``mask=mask & is_valid_req`` on Model Runner V2's probabilistic
+    drafting path (``v1/worker/gpu/sample/gumbel.py``). A nonzero mask element means "on" either
+    way, so casting changes nothing a compiled kernel would do.
+    """
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    if builder is None or not hasattr(interpreter, "TensorHandle"):
+        return
+    load, store = builder.create_masked_load, builder.create_masked_store
+
+    def as_bool(mask):
+        if mask.data.dtype == bool:
+            return mask
+        return interpreter.TensorHandle(mask.data.astype(bool), tl.int1)
+
+    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        return load(self, ptrs, as_bool(mask), other, cache_policy, is_volatile)
+
+    def masked_store(self, ptrs, value, mask, cache_policy):
+        return store(self, ptrs, value, as_bool(mask), cache_policy)
+
+    builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
 
 
 def _loop_variables_as_tensors() -> None:
