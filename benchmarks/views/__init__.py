@@ -35,6 +35,7 @@ VIEWS: dict[str, View] = {
     **{f"tune-{name}-fixed-k3-cost": View(partial(tune.fixed_k_cost, name, 3), TUNE)
        for name in tune.MODELS},
     "tune-bench-config": View(partial(tune.printed_config, "bench"), TUNE),
+    "tune-sampled": View(tune.sampled_methods, (tune.SAMPLED,)),
     "tune": View(partial(tune.tune_table, False), TUNE),
     "tune-ranges": View(partial(tune.tune_table, True), TUNE),
     **{f"tune-{name}-c1-k3": View(partial(tune.k_over_no_speculation, name, 1, 3), TUNE)
@@ -47,6 +48,10 @@ VIEWS: dict[str, View] = {
     "training-recursive-position-3": View(partial(
         training.compare, "recursive", "depth3_recursive", "depth1", 3, 2),
         (training.file("recursive"),)),
+    "training-loss": View(training.loss_table, (training.file("loss"),)),
+    **{f"training-loss-{serving.replace('_', '-')}": View(
+        partial(training.loss_compare, serving), (training.file("loss"),))
+       for serving, _, _ in training.LOSS_SERVINGS},
     "training-refresh-perplexity": View(training.refresh_perplexity, (training.file("refresh"),)),
     "training-refresh-training": View(training.refresh_training, (training.file("refresh"),)),
     "training-refresh-vs-old": View(partial(

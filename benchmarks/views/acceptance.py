@@ -37,12 +37,14 @@ def _same_counters(k: int, kind: str, temperature: float, drafts: str) -> bool:
     return rows[0]["spec_decode"] == rows[1]["spec_decode"]
 
 
-def _same_at_greedy() -> bool:
-    """At T = 0 probabilistic drafts are argmax drafts: the same counters as greedy ones."""
+def _same_at_greedy() -> bool | None:
+    """At T = 0 probabilistic drafts are argmax drafts: the same counters as greedy ones
+    (None: no probabilistic rows at T = 0 to compare)."""
+    rows = bench_rows(TRAINED, impl="plugin", temperature=0.0, draft_sample_method="probabilistic")
+    if not rows:
+        return None
     return all(trained_row("plugin", r["k"], r["prompts"], 0.0, "probabilistic")["spec_decode"]
-               == trained_row("plugin", r["k"], r["prompts"], 0.0)["spec_decode"]
-               for r in bench_rows(TRAINED, impl="plugin", temperature=0.0,
-                                   draft_sample_method="probabilistic"))
+               == trained_row("plugin", r["k"], r["prompts"], 0.0)["spec_decode"] for r in rows)
 
 
 def trained_acceptance() -> str:
@@ -60,12 +62,14 @@ def trained_acceptance() -> str:
                     counted.append(f"{distinct_drafts(row)[0]:.0f}")
                     identical &= _same_counters(k, kind, temperature, drafts)
                 rows.append(cells + [" / ".join(lengths), " / ".join(counted)])
-    text = table(["prompts", "T", "drafts", "k = 1", "k = 2", "k = 3",
+    text = table(["prompts", "T", "draft method", "k = 1", "k = 2", "k = 3",
                   "acceptance length k = 1 / 2 / 3", "drafts k = 1 / 2 / 3"], rows)
     same = ("vLLM's in-tree class gave the same counters in every row" if identical else
             "**the in-tree class's counters differ in some rows** (see the results file)")
-    greedy = ("; at T = 0 probabilistic drafts gave the greedy rows' counters (both draft by "
-              "argmax)" if _same_at_greedy() else
+    same_at_greedy = _same_at_greedy()
+    greedy = ("" if same_at_greedy is None else
+              "; at T = 0 probabilistic drafts gave the greedy rows' counters (both draft by "
+              "argmax)" if same_at_greedy else
               "; **at T = 0 probabilistic drafts gave other counters than greedy ones**")
     return f"{text}\n\nPlugin; {same}{greedy}. {source_line(TRAINED)}"
 
@@ -88,7 +92,7 @@ def trained_intervals() -> str:
                 counted, accepted = distinct_drafts(row)
                 rows.append([kind, f"{temperature:g}", drafts, f"{counted:.0f}",
                              *_interval_cells(counted, accepted)])
-    text = table(["prompts", "T", "drafts", "drafts counted", "position 1", "position 2",
+    text = table(["prompts", "T", "draft method", "drafts counted", "position 1", "position 2",
                   "position 3"], rows)
     return (f"{text}\n\nk = 3, plugin; 95 % Wilson intervals over the drafts of one pass (engine "
             f"processes replay the same requests). {source_line(TRAINED)}")
@@ -113,7 +117,7 @@ def trained_sampling() -> str:
             rows.append([f"{temperature:g}", drafts, f"{counted:.0f}",
                          " / ".join(_interval_cells(counted, accepted)), " / ".join(lengths),
                          " / ".join("–" if v is None else f"{v:.2f}×" for v in speedups)])
-    text = table(["T", "drafts", "drafts counted (k = 3)", "per position at k = 3 [95 %]",
+    text = table(["T", "draft method", "drafts counted (k = 3)", "per position at k = 3 [95 %]",
                   "acceptance length k = 1 / 2 / 3", "speed-up k = 3: code / prose / chat"], rows)
     return (f"{text}\n\nPlugin, code + prose + chat pooled, seeded requests (the same random "
             f"streams for every configuration); speed-up over k = 0 of the same kind and "

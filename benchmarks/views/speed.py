@@ -35,7 +35,7 @@ def trained_speed() -> str:
                              rate(ours[2]["output_tok_s"] / theirs[2]["output_tok_s"]),
                              rate(ours[2].get("verify_cost_ratio")),
                              rate(ours[2].get("draft_cost_ratio"))])
-    text = table(["prompts", "T", "drafts", "speed-up k = 1 / 2 / 3 (plugin)", "in-tree",
+    text = table(["prompts", "T", "draft method", "speed-up k = 1 / 2 / 3 (plugin)", "in-tree",
                   "plugin / in-tree tok/s k = 3", "verify cost k = 3 (decode steps)",
                   "draft cost c k = 3"], rows)
     other = max(r["interference"]["other_cpu_s"] for r in bench_rows(TRAINED))

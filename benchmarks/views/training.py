@@ -12,7 +12,7 @@ from .common import load, table
 
 TRAINING = "benchmarks/results/training"
 TOKENS_PER_PROMPT = 64
-HELD_OUT_PROMPTS = {"graft": 8, "recursive": 8, "foreign": 8, "refresh": 12}
+HELD_OUT_PROMPTS = {"graft": 8, "recursive": 8, "foreign": 8, "refresh": 12, "loss": 8}
 LAYERS = {
     "graft": [("untrained (the initial layer)", "untrained_initial_layer"),
               ("jointly trained with the target (shipped)", "jointly_trained"),
@@ -104,3 +104,31 @@ def refresh_training() -> str:
     held = train["held_out"]
     return (f"{train['sequences']:,} sequences, {train['tokens']:,} tokens; {held['step']:,} steps, "
             f"held-out agreement {held['accuracy'][0]:.2f} at the end")
+
+
+LOSS_SERVINGS = (("t0_greedy", "0", "greedy"), ("t1_greedy", "1", "greedy"),
+                 ("t1_probabilistic", "1", "probabilistic"))
+
+
+def loss_table() -> str:
+    """KL- against CE-trained layer at k = 2: greedy, and sampled with either draft method."""
+    data, rows = load(file("loss")), []
+    for name, label in (("kl", "`--loss kl` (default)"), ("ce", "`--loss ce`")):
+        for key, temperature, method in LOSS_SERVINGS:
+            figures = data[name][key]["2"]
+            rows.append([label, temperature, method, str(drafts("loss", figures)[0]),
+                         _cell("loss", figures), f"{figures['acceptance_length']:.2f}"])
+            label = ""
+        held = data[f"train_{name}"]["held_out"]
+        rows[-len(LOSS_SERVINGS)][0] += f" (held-out agreement {held['accuracy'][0]:.2f})"
+    text = table(["layer", "T", "draft method", "drafts counted", "position 1 / 2 [95 %]",
+                  "acceptance length"], rows)
+    return (f"{text}\n\nk = 2; sampled rows: each held-out prompt 4 times, seeded. {_run_line('loss')}")
+
+
+def loss_compare(serving: str) -> str:
+    """"higher" / "lower" / "within noise": the KL-trained layer's first position against the
+    CE-trained one's, served one way (``LOSS_SERVINGS``)."""
+    data = load(file("loss"))
+    return comparison(interval("loss", data["kl"][serving]["2"], 0),
+                      interval("loss", data["ce"][serving]["2"], 0))

@@ -3,6 +3,8 @@ per k as the median of every measured pass, with the lowest and highest pass."""
 
 from __future__ import annotations
 
+import json
+
 from .common import ROOT, load, source_line, table
 
 MODELS = {"bench": "`bench` preset, 457 M", "trained": "trained, 8.4 M"}
@@ -68,6 +70,33 @@ def fixed_k_cost(name: str, k: int) -> str:
 
 def printed_config(name: str) -> str:
     """The ``--speculative-config`` tune printed, as stored in its ``tune.json``."""
-    import json
-
     return f"`{json.dumps(load(_files(name)[1])['speculative_config'])}`"
+
+
+SAMPLED = "benchmarks/results/tune-sampled/tune.json"
+
+
+def sampled_methods() -> str:
+    """tune on sampled traffic: per draft method its acceptance per position at max-k, the mean
+    expected speed-up of its best k, and its best k per concurrency; which one tune chose."""
+    data = load(SAMPLED)
+    if not data.get("draft_methods"):
+        return (f"One draft method measured ({data.get('draft_sample_method')}): nothing to "
+                f"compare. {source_line(SAMPLED)}")
+    if data.get("refused"):
+        return (f"**tune refused to recommend** from this run: {'; '.join(data['refused'])}. "
+                f"{source_line(SAMPLED)}")
+    rows = []
+    for method, choice in (data.get("draft_methods") or {}).items():
+        rows.append([method + (" (chosen)" if method == data["draft_sample_method"] else ""),
+                     " / ".join(f"{a:.2f}" for a in choice["acceptance"]["per_position"]),
+                     ", ".join(f"c = {c}: k = {k}" for c, k in choice["best_fixed_k"].items()),
+                     f"{choice['mean_best_speedup']:.2f}×",
+                     f"{choice['mean_best_speculative_speedup']:.2f}×"])
+    text = table(["draft method", f"acceptance per position at k = {data['settings']['max_k']}",
+                  "best k",
+                  "expected speed-up of the best k (mean over c)", "of the best k > 0"], rows)
+    spec = data["speculative_config"]
+    advice = (f"`tune` printed `--speculative-config '{json.dumps(spec)}'`" if spec else
+              "`tune` recommended serving without speculation")
+    return f"{text}\n\n{advice}. {source_line(SAMPLED)}"

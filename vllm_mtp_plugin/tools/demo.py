@@ -85,7 +85,8 @@ def parse_args(argv):
                    help="drafter accuracy of the tiny noisy checkpoint")
     p.add_argument("--num-speculative-tokens", "-k", type=int, default=3)
     p.add_argument("--requests", type=int, default=6,
-                   help="requests to send (per prompt kind with --mode trained)")
+                   help="requests to send (per prompt kind with --mode trained); the chat "
+                        "prompts among them go once more at --sampled-temperature")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature of the code, prose and chat requests")
     p.add_argument("--sampled-temperature", type=float, default=0.6,
@@ -246,5 +247,5 @@ def main(argv=None) -> int:
         expected = json.loads(meta_path.read_text()).get("expected_acceptance")
         if expected is not None:
             print(f"(the tiny checkpoint's drafter was built to be right {expected:.0%} of the "
-                  "time at position 0)")
+                  "time at position 0: its argmax, what greedy requests see)")
     return 0 if all(delta.num_drafts > 0 for delta, _ in results.values()) else 1

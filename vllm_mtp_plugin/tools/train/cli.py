@@ -56,9 +56,10 @@ def parser() -> argparse.ArgumentParser:
                         "sequential MTP); recursive: one layer reused for every step (vLLM's V1 "
                         "runner for k > 1)")
     p.add_argument("--loss", default="kl", choices=("ce", "kl"),
-                   help="ce: cross-entropy on the target's tokens; kl: KL divergence to the "
-                        "target's full distribution (from its stored hidden states and frozen "
-                        "head)")
+                   help="kl (default): KL divergence to the target's full distribution (from "
+                        "its stored hidden states and frozen head), what probabilistic drafting "
+                        "(draft_sample_method: probabilistic) rewards; ce: cross-entropy on the "
+                        "target's tokens. docs/training.md (e) measures both")
     p.add_argument("--step-weight", type=float, default=0.6,
                    help="depth s weighs STEP_WEIGHT**s")
     p.add_argument("--steps", type=int, default=None,

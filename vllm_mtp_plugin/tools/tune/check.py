@@ -9,7 +9,7 @@ measured passes (every engine process and repeat): a pick is "within noise" of t
 when the two ranges overlap, and "slower than no speculation" only when its whole range lies
 below k = 0's. Only the sweep's rows that measure what tune measured count: the plugin, one prompt
 set, tune's temperature, the same checkpoint, vLLM's verification patch as shipped, the draft
-method tune chose.
+method tune chose, standard rejection sampling.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .plot import measured_against_pick
 def comparable(row: dict, settings: dict) -> bool:
     """A sweep row measured as tune measures: offline, not a floor row, the plugin, all prompts as
     one set, tune's temperature, the checkpoint tune ran (where both name one), tune's draft
-    method (k > 0)."""
+    method and standard verification (k > 0; tune measures no other)."""
     same_model = (not row.get("checkpoint_path") or not settings.get("model")
                   or local_path(row["checkpoint_path"]).resolve()
                   == local_path(settings["model"]).resolve())
@@ -34,8 +34,10 @@ def comparable(row: dict, settings: dict) -> bool:
             and row.get("impl", "plugin") == "plugin" and row.get("prompts", "all") == "all"
             and float(row.get("temperature") or 0.0) == float(settings.get("temperature") or 0.0)
             and row.get("mla_verify", "on") == "on" and same_model
-            and (not row.get("k") or (row.get("draft_sample_method") or "greedy")
-                 == (settings.get("draft_sample_method") or "greedy")))
+            and (not row.get("k") or (
+                (row.get("draft_sample_method") or "greedy")
+                == (settings.get("draft_sample_method") or "greedy")
+                and (row.get("rejection_sample_method") or "standard") == "standard")))
 
 
 def measured(results_files: list[Path], settings: dict | None = None) -> dict[int, dict[int, dict]]:

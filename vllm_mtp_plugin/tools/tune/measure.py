@@ -52,7 +52,9 @@ class TuneRun:
         if unknown or not self.draft_sample_methods:
             raise ValueError(f"draft sample methods must be some of {DRAFT_SAMPLE_METHODS}, "
                              f"not {unknown or 'none'}")
-        self.draft_sample_methods = list(dict.fromkeys(self.draft_sample_methods))
+        # vLLM's order (greedy first): ties go to vLLM's default whatever order was given
+        self.draft_sample_methods = sorted(set(self.draft_sample_methods),
+                                           key=DRAFT_SAMPLE_METHODS.index)
 
 
 def passes(run: TuneRun) -> list[dict]:
