@@ -268,15 +268,21 @@ def test_draft_methods_measured_by_default_and_their_engines():
     assert engine_config(run, 0, None).speculative_overrides == {}
     with pytest.raises(ValueError, match="draft sample methods must be some of"):
         TuneRun(model="m", prompts=["a"], concurrencies=[1], draft_sample_methods=["top"])
+    assert TuneRun(model="m", prompts=["a"], concurrencies=[1],
+                   draft_sample_methods=["probabilistic", "greedy"]).draft_sample_methods == [
+        "greedy", "probabilistic"]  # vLLM's order: a tie goes to greedy however given
 
 
-def test_check_compares_only_the_chosen_draft_method(tmp_path):
+def test_check_compares_only_the_chosen_draft_method_and_standard_verification(tmp_path):
     from vllm_mtp_plugin.tools.tune import check
 
     rows = [{"mode": "offline", "concurrency": 1, "k": k, "runs": [{"output_tok_s": v}],
              "draft_sample_method": method}
             for k, method, v in ((0, None, 100.0), (1, "greedy", 110.0),
                                  (1, "probabilistic", 150.0))]
+    # block verification: not what tune measured (it never sets it), never compared
+    rows.append({"mode": "offline", "concurrency": 1, "k": 1, "runs": [{"output_tok_s": 1e9}],
+                 "draft_sample_method": "greedy", "rejection_sample_method": "block"})
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps({"results": rows}))
     for method, k1 in (("greedy", 110.0), ("probabilistic", 150.0)):
