@@ -87,15 +87,24 @@ def sampled_methods() -> str:
         return (f"**tune refused to recommend** from this run: {'; '.join(data['refused'])}. "
                 f"{source_line(SAMPLED)}")
     rows = []
-    for method, choice in (data.get("draft_methods") or {}).items():
+    cs, max_k = data["settings"]["concurrencies"], data["settings"]["max_k"]
+    measured = {(p["concurrency"], p["k"], p.get("draft_sample_method")): p["measured_tok_s"]
+                for p in data["measurements"]}
+
+    def speedups(c: int, method: str) -> str:  # tune's own passes, k = 1..max-k over k = 0
+        base = measured[(c, 0, None)]
+        return " / ".join(f"{measured[(c, k, method)] / base:.2f}×" for k in range(1, max_k + 1)
+                          if (c, k, method) in measured)
+
+    for method, choice in data["draft_methods"].items():
         rows.append([method + (" (chosen)" if method == data["draft_sample_method"] else ""),
                      " / ".join(f"{a:.2f}" for a in choice["acceptance"]["per_position"]),
+                     *(speedups(c, method) for c in cs),
                      ", ".join(f"c = {c}: k = {k}" for c, k in choice["best_fixed_k"].items()),
-                     f"{choice['mean_best_speedup']:.2f}×",
                      f"{choice['mean_best_speculative_speedup']:.2f}×"])
-    text = table(["draft method", f"acceptance per position at k = {data['settings']['max_k']}",
-                  "best k",
-                  "expected speed-up of the best k (mean over c)", "of the best k > 0"], rows)
+    text = table(["draft method", f"acceptance per position at k = {max_k}",
+                  *(f"measured speed-up k = 1 … {max_k}, c = {c}" for c in cs), "best k",
+                  "expected speed-up of the best k > 0 (mean over c)"], rows)
     spec = data["speculative_config"]
     advice = (f"`tune` printed `--speculative-config '{json.dumps(spec)}'`" if spec else
               "`tune` recommended serving without speculation")
