@@ -41,7 +41,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    dest="ks", help="0 = no speculation (the speed-up baseline)")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1],
                    help="requests in flight (serve) / max_num_seqs (offline)")
-    p.add_argument("--prompts", help="JSONL of {\"prompt\": ...} (a \"kind\" field measures each "
+    p.add_argument("--prompts", help="plain text (a prompt per line), JSONL of "
+                                     "{\"prompt\": ...} (a \"kind\" field measures each "
                                      "kind on its own rows; kind \"chat\" or OpenAI \"messages\" "
                                      "go through the chat template) or a ShareGPT JSON/JSONL file "
                                      "(default: the bundled prompts; for the trained preset, its "
@@ -199,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     env = environment()
-    passes = sweep.passes(load_prompt_groups(sweep.prompts, sweep.num_prompts, sweep.by_kind))
+    try:
+        groups = load_prompt_groups(sweep.prompts, sweep.num_prompts, sweep.by_kind)
+    except ValueError as exc:  # a prompt file it cannot read: file, line, what was expected
+        raise SystemExit(f"vllm-mtp bench: --prompts {exc}") from None
+    passes = sweep.passes(groups)
     tqdm.write(report.machine_line(env))
     tqdm.write(f"engines: {sweep.compilation}; passes per configuration: "
                + ", ".join(f"{p['label']['prompts']} T={p['label']['temperature']:g}"

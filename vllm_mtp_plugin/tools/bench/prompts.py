@@ -1,4 +1,5 @@
-"""Prompt sets for the benchmark: the bundled JSONL, a user's ``{"prompt"}`` JSONL, or ShareGPT.
+"""Prompt sets for the benchmark: the bundled JSONL, or a user's file in any format
+``tools/prompt_files.py`` reads (plain lines, JSONL, ShareGPT).
 
 ShareGPT files (a JSON list, or JSONL, of ``{"conversations": [{"from": "human", "value": ...},
 ...]}``; ``role``/``content`` keys work too) contribute the first human turn of each conversation,
@@ -15,30 +16,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..prompt_files import PromptFileError, read_records
 from ..tiny.tokenizer import bundled_prompt_texts
 
 HUMAN_ROLES = ("human", "user")
 
 
-def _prompt_of(record: dict, where: str) -> str | None:
+def _prompt_of(record: str | dict, where: str) -> str | None:
+    if isinstance(record, str):  # a plain-text line, or a JSON string
+        return record
     if "prompt" in record:
         return str(record["prompt"])
     turns = record.get("conversations") or record.get("messages")
     if turns is None:
-        raise ValueError(f"{where}: a record needs a 'prompt' or a 'conversations' field")
+        raise PromptFileError(f"{where}: a record needs a 'prompt', 'messages' or "
+                              "'conversations' field")
     for turn in turns:
         role = turn.get("from", turn.get("role"))
         if role in HUMAN_ROLES:
             return str(turn.get("value", turn.get("content", "")))
     return None  # a conversation without a human turn has no prompt to offer
-
-
-def _records(path: Path) -> list[dict]:
-    text = path.read_text(encoding="utf-8")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        return json.loads(stripped)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 ALL = "all"
@@ -53,8 +50,10 @@ def _cycled(prompts: list[str], limit: int | None) -> list[str]:
 CHAT = "chat"
 
 
-def _chat_of(record: dict) -> list[dict] | None:
+def _chat_of(record: str | dict) -> list[dict] | None:
     """The conversation a record sends as a chat, or None for a completion prompt."""
+    if isinstance(record, str):
+        return None
     messages = record.get("messages")
     if messages and all("role" in m and "content" in m for m in messages):
         return [{"role": m["role"], "content": str(m["content"])} for m in messages]
@@ -74,11 +73,13 @@ def load_prompt_groups(path: str | Path | None = None, limit: int | None = None,
         return {ALL: load_prompts(path, limit)}
     path = Path(path)
     groups: dict[str, list] = {}
-    for i, record in enumerate(_records(path)):
+    for entry in read_records(path):
+        record = entry.value
         chat = _chat_of(record)
-        prompt = chat or _prompt_of(record, f"{path}: record {i}")
+        prompt = chat or _prompt_of(record, entry.where)
         if prompt:
-            kind = str(record.get("kind") or (CHAT if chat else ALL))
+            kind = str((record.get("kind") if isinstance(record, dict) else None)
+                       or (CHAT if chat else ALL))
             groups.setdefault(kind, []).append(prompt)
     if not groups:
         raise ValueError(f"no prompts found in {path}")
@@ -102,12 +103,8 @@ def load_prompts(path: str | Path | None = None, limit: int | None = None) -> li
     if path is None:
         prompts = bundled_prompt_texts()
     else:
-        path = Path(path)
-        prompts = []
-        for i, record in enumerate(_records(path)):
-            prompt = _prompt_of(record, f"{path}: record {i}")
-            if prompt:
-                prompts.append(prompt)
+        prompts = [prompt for entry in read_records(path)
+                   if (prompt := _prompt_of(entry.value, entry.where))]
     if not prompts:
         raise ValueError(f"no prompts found in {path}")
     return _cycled(prompts, limit)

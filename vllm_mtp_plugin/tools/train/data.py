@@ -1,8 +1,9 @@
 """Training data: prompts in, and sequences with the hidden states the drafter receives out.
 
-Prompt files: plain text (one prompt per line), JSONL with ``prompt`` (a completion) or OpenAI
-``messages`` (a chat, sent through the target's chat template), or ShareGPT JSON/JSONL
-(``conversations``: the first human turn, as a chat).
+Prompt files (read by ``tools/prompt_files.py``, as every tool reads them): plain text (one
+prompt per line), JSONL with ``prompt`` (a completion) or OpenAI ``messages`` (a chat, sent
+through the target's chat template), or ShareGPT JSON/JSONL (``conversations``: the first human
+turn, as a chat).
 
 A data shard (``shard-00000.safetensors``) holds sequences back to back:
 
@@ -24,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from ..bench.prompts import CHAT, HUMAN_ROLES, _records
+from ..bench.prompts import CHAT, HUMAN_ROLES
+from ..prompt_files import PromptFileError, read_records
 from .checkpoint import TrainInputError
 
 DATA_FORMAT = "vllm-mtp-train-data/1"
@@ -53,18 +55,11 @@ def _record_prompt(record, where: str):
 def load_training_prompts(path: str | Path) -> list:
     """Completion prompts (str) and chats (message lists) from ``path``."""
     path = Path(path)
-    if not path.is_file():
-        raise TrainInputError(f"--prompts {path}: no such file.")
-    text = path.read_text(encoding="utf-8")
     try:
-        records = _records(path)
-    except ValueError:
-        records = None  # not JSON: plain text, one prompt per line
-    if records is None or (records and all(isinstance(r, str) for r in records)):
-        prompts = [line for line in text.splitlines() if line.strip()]
-    else:
-        prompts = [p for i, r in enumerate(records)
-                   if (p := _record_prompt(r, f"{path}: record {i}"))]
+        records = read_records(path)
+    except PromptFileError as exc:
+        raise TrainInputError(f"--prompts {exc}") from None
+    prompts = [p for r in records if (p := _record_prompt(r.value, r.where))]
     if not prompts:
         raise TrainInputError(f"--prompts {path}: no prompts in the file (plain text lines, JSONL "
                               "with 'prompt' or 'messages', or ShareGPT 'conversations').")

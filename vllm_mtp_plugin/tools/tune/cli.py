@@ -26,7 +26,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="vllm-mtp tune", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a DeepSeek checkpoint with MTP layers (or a bench preset spec, "
                                  "e.g. bench:noisy:0.8, or 'trained')")
-    p.add_argument("--prompts", help="JSONL of {\"prompt\": ...} or ShareGPT (default: the "
+    p.add_argument("--prompts", help="plain text (a prompt per line), JSONL of {\"prompt\": ...} "
+                                     "or ShareGPT (default: the "
                                      "bundled prompts; for 'trained', its code/prose/chat "
                                      "prompts, all as completions); what your traffic looks like")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16],
@@ -239,7 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     from ..bench.cli import default_prompts
     from ..bench.prompts import load_prompts
 
-    prompts = load_prompts(args.prompts or default_prompts([args.model]))
+    try:
+        prompts = load_prompts(args.prompts or default_prompts([args.model]))
+    except ValueError as exc:  # a prompt file it cannot read: file, line, what was expected
+        raise SystemExit(f"vllm-mtp tune: --prompts {exc}") from None
     run = TuneRun(model=resolve_model(args.model), prompts=prompts,
                   concurrencies=args.concurrency, max_k=args.max_k, max_tokens=args.max_tokens,
                   temperature=args.temperature, seed=args.seed, repeats=args.repeats,

@@ -1,0 +1,93 @@
+"""Prompt files, one reader for every tool (``bench``, ``tune``, ``train``).
+
+Three formats, told apart by the file's first non-blank character and line:
+
+* a JSON array (the file starts with ``[``): ShareGPT's ``[{"conversations": [...]}, ...]`` or
+  a list of the records below;
+* JSON Lines (the first non-blank line is a JSON object): one record per line, blank lines
+  skipped; a later line that is not JSON is refused with its line number;
+* plain text otherwise: one prompt per non-blank line.
+
+A record is ``{"prompt": ...}`` (a completion; with ``"kind": "chat"`` the user's turn of a chat),
+OpenAI ``{"messages": [...]}`` or ShareGPT ``{"conversations": [{"from": "human", "value": ...}]}``
+(``role``/``content`` keys too); it may carry a ``kind`` the benchmark groups by. Anything else
+is refused naming the file, the line and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+EXPECTED = ("one prompt per line, JSON Lines of {\"prompt\": ...} / {\"messages\": [...]} / "
+            "{\"conversations\": [...]}, or a JSON array of those (ShareGPT)")
+
+
+class PromptFileError(ValueError):
+    """A prompt file that cannot be read: the message names the file, the line and the format."""
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One record and where it came from (``file:line``, and its index among the records)."""
+    where: str
+    index: int
+    value: str | dict
+
+
+def read_records(path: str | Path) -> list[PromptRecord]:
+    """Every record of ``path`` in order: a ``str`` for a plain-text line, else the JSON object."""
+    path = Path(path)
+    if not path.is_file():
+        raise PromptFileError(f"{path}: no such prompt file (expected {EXPECTED}).")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                              f"expected {EXPECTED}.") from None
+    if text.lstrip().startswith("["):
+        return _json_array(path, text)
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if lines and _is_json_object(lines[0][1]):
+        return _json_lines(path, lines)
+    return [PromptRecord(f"{path}:{n}", i, line) for i, (n, line) in enumerate(lines)]
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def _json_array(path: Path, text: str) -> list[PromptRecord]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PromptFileError(f"{path}:{exc.lineno}: the file starts with '[' but is not valid "
+                              f"JSON ({exc.msg}); expected {EXPECTED}.") from None
+    records = []
+    for i, item in enumerate(data):
+        if not isinstance(item, (dict, str)):
+            raise PromptFileError(f"{path}: record {i} of the JSON array is a "
+                                  f"{type(item).__name__}; expected an object with 'prompt', "
+                                  "'messages' or 'conversations'.")
+        records.append(PromptRecord(f"{path}: record {i}", i, item))
+    return records
+
+
+def _json_lines(path: Path, lines: list[tuple[int, str]]) -> list[PromptRecord]:
+    records = []
+    for i, (n, line) in enumerate(lines):
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(f"{path}:{n}: not JSON ({exc.msg}), but the file's first line "
+                                  "is, so every line must be a JSON record; expected "
+                                  f"{EXPECTED}.") from None
+        if not isinstance(value, (dict, str)):
+            raise PromptFileError(f"{path}:{n}: record {i} is a {type(value).__name__}; expected "
+                                  "an object with 'prompt', 'messages' or 'conversations'.")
+        records.append(PromptRecord(f"{path}:{n}: record {i}", i, value))
+    return records
