@@ -113,6 +113,35 @@ def test_a_run_records_its_commit_command_and_date():
     assert record["argv"] and re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d$", record["date"])
 
 
+def test_source_lines_name_changed_code_not_other_results_files():
+    from views.common import provenance
+
+    env = {"commit": "0123456789abcdef", "argv": ["x"],
+           "uncommitted_changes": ["benchmarks/results/serve/results.json",
+                                   "vllm_mtp_plugin/models/v3.py"]}
+    line = provenance(env)
+    assert "commit 0123456789 with uncommitted changes to `vllm_mtp_plugin/models/v3.py`" in line
+    assert "serve/results.json" not in line
+    env["uncommitted_changes"] = ["benchmarks/results/serve/results.json", "benchmarks/README.md"]
+    assert "uncommitted" not in provenance(env)
+
+
+def test_changed_files_are_recorded_by_their_whole_path(tmp_path, monkeypatch):
+    """``git status --porcelain`` starts a line with its status column: " M path"."""
+    import vllm_mtp_plugin.tools.provenance as provenance_module
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for args in (["init", "-q"], ["config", "user.email", "x@y"], ["config", "user.name", "x"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    (repo / "first.py").write_text("a = 1\n")
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "commit", "-qm", "x"], check=True)
+    (repo / "first.py").write_text("a = 2\n")
+    monkeypatch.setattr(provenance_module, "CHECKOUT", repo)
+    assert provenance_module.code_version()["uncommitted_changes"] == ["first.py"]
+
+
 def test_wilson_intervals():
     low, high = wilson(113, 143)
     assert (round(low, 3), round(high, 3)) == (0.716, 0.849)  # p = 0.790, n = 143

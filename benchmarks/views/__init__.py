@@ -32,6 +32,10 @@ VIEWS: dict[str, View] = {
        for name, path in speed.VERIFY.items()},
     **{f"bench-{name}": View(partial(speed.full_table, name), (path,))
        for name, path in speed.FULL.items()},
+    "bench-offline-draft-cost": View(partial(speed.draft_cost, "offline"),
+                                     (speed.FULL["offline"],)),
+    "bench-offline-measured-over-ideal": View(partial(speed.measured_over_ideal, "offline"),
+                                              (speed.FULL["offline"],)),
     **{f"tune-{name}-fixed-k3-cost": View(partial(tune.fixed_k_cost, name, 3), TUNE)
        for name in tune.MODELS},
     "tune-bench-config": View(partial(tune.printed_config, "bench"), TUNE),

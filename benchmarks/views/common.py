@@ -66,6 +66,8 @@ def _command(argv: list[str]) -> str:
 def provenance(env: dict) -> str:
     """Date, machine, software, code and command of a run, as stored with its results."""
     commit, changed = env.get("commit"), env.get("uncommitted_changes")
+    if isinstance(changed, list):  # results files and docs a run found rewritten change no figure
+        changed = [f for f in changed if not f.startswith(f"{RESULTS}/") and not f.endswith(".md")]
     code = f"commit {commit[:10]}" if commit else "commit not recorded"
     if changed is True:  # recorded as a flag only
         code += " with uncommitted changes"

@@ -78,11 +78,28 @@ def _processes(relative: str) -> str:
     return "/".join(map(str, counts)) + (" engine process" if counts == [1] else " engine processes")
 
 
+def rerun_line(rows: list[dict]) -> str:
+    """" Re-run ...": engine processes the bench discarded because other work shared the machine
+    (``interference.disturbed``), and rows still above the threshold after the re-runs."""
+    from vllm_mtp_plugin.tools.bench.interference import BUSY_SHARE, disturbed
+
+    def name(r: dict) -> str:
+        return f"{r['impl']} k = {r['k']}" + (" (floor)" if r.get("floor_only") else "")
+
+    rerun = [f"{name(r)}: {len(r['interference']['discarded_disturbed'])}" for r in rows
+             if (r.get("interference") or {}).get("discarded_disturbed")]
+    still = [name(r) for r in rows if disturbed(r.get("interference"))]
+    text = (f" Engine processes re-run because other work used more than {BUSY_SHARE:.0%} of the "
+            f"CPUs meanwhile (discarded, never pooled): {', '.join(rerun)}." if rerun else "")
+    return text + (f" **Still disturbed after the re-runs**: {', '.join(still)}." if still else "")
+
+
 def full_table(name: str) -> str:
     """The bench's own table of a run, as ``vllm-mtp bench report`` renders it."""
     relative = FULL[name]
     rows = load(relative)["results"]
-    notes = " ".join(part for part in (impossible_line(rows).strip(), source_line(relative)) if part)
+    notes = " ".join(part for part in (impossible_line(rows).strip(), rerun_line(rows).strip(),
+                                       source_line(relative)) if part)
     return f"{report.markdown_table(rows)}\n\n{notes}"
 
 
@@ -94,3 +111,25 @@ def impossible_line(rows: list[dict]) -> str:
              for r in rows for problem in row_problems(r)]
     return (" **Impossible figures, not to be used** (`tools/bench/plausibility.py`): "
             + "; ".join(found) + ".") if found else ""
+
+
+def _speculative_rows(name: str) -> dict[str, list[dict]]:
+    rows = [r for r in load(FULL[name])["results"] if r["k"] and not r.get("floor_only")]
+    return {impl: sorted((r for r in rows if r["impl"] == impl), key=lambda r: r["k"])
+            for impl in ("plugin", "in-tree")}
+
+
+def draft_cost(name: str) -> str:
+    """"0.21 / 0.22 / 0.16 ours, 0.30 / 0.26 / 0.24 in-tree at k = 1 / 2 / 3": c per k."""
+    by_impl = _speculative_rows(name)
+    ks = " / ".join(str(r["k"]) for r in by_impl["plugin"])
+    return (" / ".join(rate(r.get("draft_cost_ratio")) for r in by_impl["plugin"]) + " ours, "
+            + " / ".join(rate(r.get("draft_cost_ratio")) for r in by_impl["in-tree"])
+            + f" in-tree at k = {ks}")
+
+
+def measured_over_ideal(name: str) -> str:
+    """"0.81–0.95": measured over ideal speed-up over every speculative row of a run."""
+    values = [r["measured_over_ideal"] for rows in _speculative_rows(name).values() for r in rows
+              if r.get("measured_over_ideal") is not None]
+    return f"{min(values):.2f}–{max(values):.2f}"

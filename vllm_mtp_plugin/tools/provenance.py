@@ -27,8 +27,9 @@ def code_version() -> dict:
 
     def git(*args: str) -> str | None:
         try:
+            # rstrip only: ``status --porcelain`` lines start with a status column (" M path")
             return subprocess.run(["git", "-C", str(CHECKOUT), *args], capture_output=True,
-                                  text=True, timeout=10, check=True).stdout.strip()
+                                  text=True, timeout=10, check=True).stdout.rstrip()
         except (OSError, subprocess.SubprocessError):
             return None
 
