@@ -146,12 +146,15 @@ def log1p_kernel(x_ptr, y_ptr):
 x, y = torch.tensor([0.1, 0.2, 0.5, 1.0]), torch.empty(4)
 log1p_kernel[(1,)](x, y)
 torch.manual_seed(0)
-logits, cache = torch.randn(2, 100), torch.zeros(4, 3, 100)
-gumbel_sample(logits, torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0.6, 0.6, 0.0, 0.0]),
-              torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6]), True, True, logits_cache=cache,
+logits, cache = torch.randn(3, 100), torch.zeros(4, 3, 100)
+# the middle token belongs to no request (-1, padding): its mask is off, nothing may be stored
+gumbel_sample(logits, torch.tensor([0, -1, 1], dtype=torch.int32),
+              torch.tensor([0.6, 0.6, 0.0, 0.0]), torch.tensor([1, 2, 3, 4]),
+              torch.tensor([5, 6, 7]), True, True, logits_cache=cache,
               logits_cache_col=torch.tensor(0, dtype=torch.int32))
 print(json.dumps({"log1p": (y - torch.log1p(x)).abs().max().item(),
-                  "cached": bool(torch.equal(cache[:2, 0], logits)),
+                  "cached": bool(torch.equal(cache[0, 0], logits[0])
+                                 and torch.equal(cache[1, 0], logits[2])),
                   "untouched": bool(cache[2:].eq(0).all() and cache[:, 1:].eq(0).all())}))
 """
 
@@ -160,9 +163,37 @@ print(json.dumps({"log1p": (y - torch.log1p(x)).abs().max().item(),
 def test_v2s_probabilistic_drafting_kernels_run_interpreted():
     """A block mask and'ed with a scalar is a bool mask (the interpreter made it int32), and
     ``libdevice.log1p`` computes (a stub returning None in the interpreter): V2's gumbel_sample
-    stores the draft logits a probabilistic rejection needs, exactly where it should."""
+    stores the draft logits a probabilistic rejection needs where it should, and nothing for a
+    token of no request."""
     facts = _python(GUMBEL, harness_env())
     assert facts == {"log1p": pytest.approx(0.0, abs=1e-6), "cached": True, "untouched": True}
+
+
+TOP_K_TOP_P_SWITCHED = """
+import json, torch
+from vllm.v1.sample.ops import topk_topp_sampler as ops
+from vllm.v1.worker.gpu.sample import states
+
+torch.manual_seed(0)
+logits = torch.randn(3, 2048)
+k, p = torch.tensor([4, 1, 100]), torch.tensor([0.5, 0.9, 1.0])
+ours = states.apply_top_k_top_p(logits.clone(), k, p) > -1e30
+ref = ops.apply_top_k_top_p_pytorch(logits.clone(), k, p, allow_cpu_sync=True) > -1e30
+print(json.dumps({"module": states.apply_top_k_top_p.__module__,
+                  "same": bool((ours == ref).all()), "kept": ours.sum(-1).tolist()}))
+"""
+
+
+@pytest.mark.skipif(not needs_interpreter(), reason="V2 runs natively here: no harness")
+def test_top_k_top_p_switch_gives_v2_vllms_pytorch_masking():
+    """``VLLM_MTP_TEST_MRV2_TOP_K_TOP_P=pytorch``: what V2's sampling states call is vLLM's
+    PyTorch implementation (the harness's function), with its masks; without it, vLLM's own."""
+    switched = _python(TOP_K_TOP_P_SWITCHED, {**harness_env(),
+                                              "VLLM_MTP_TEST_MRV2_TOP_K_TOP_P": "pytorch"})
+    assert switched["module"] == "sitecustomize" and switched["same"]
+    assert switched["kept"][1] == 1 and switched["kept"][0] <= 4
+    plain = _python(TOP_K_TOP_P_SWITCHED, harness_env())
+    assert plain["module"] == "vllm.v1.sample.ops.topk_topp_sampler" and plain["same"]
 
 
 def test_offline_child_env_per_runner():

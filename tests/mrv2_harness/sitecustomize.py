@@ -46,6 +46,7 @@ import os
 import sys
 
 SWITCH = "VLLM_MTP_TEST_MRV2"
+TOP_K_TOP_P_SWITCH = "VLLM_MTP_TEST_MRV2_TOP_K_TOP_P"
 V4_TILE_FIX_SWITCH = "VLLM_MTP_TEST_V4_TILE_FIX"
 
 
@@ -297,6 +298,53 @@ def _hide_avx512() -> None:
     module.hide_avx512()
 
 
+def _top_k_top_p_in_pytorch() -> None:
+    """With ``VLLM_MTP_TEST_MRV2_TOP_K_TOP_P=pytorch`` (and the harness on): vLLM's top-k/top-p
+    masking runs its PyTorch implementation instead of its Triton kernel.
+
+    Interpreted, that kernel costs about a second per request, too slow for the sampling tests'
+    hundreds of top-k/top-p requests on Model Runner V2. ``apply_top_k_top_p`` is what vLLM calls
+    (``v1/sample/ops/topk_topp_sampler.py``; V2: ``v1/worker/gpu/sample/states.py``); it picks the
+    Triton kernel when Triton is present and ``apply_top_k_top_p_pytorch`` where it is not, and
+    the two give the same masks (``tests/test_mrv2_harness.py``). Set from the moment the module
+    is imported, so every ``from ... import apply_top_k_top_p`` gets it. Everything else of V2
+    (its sampler, drafting and rejection kernels) still runs in Triton's interpreter.
+    """
+    import importlib.abc
+    import importlib.machinery
+
+    name = "vllm.v1.sample.ops.topk_topp_sampler"
+
+    def use_pytorch(module) -> None:
+        def apply_top_k_top_p(logits, k, p):
+            if p is None and k is None:
+                return logits
+            return module.apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=True)
+
+        module.apply_top_k_top_p = apply_top_k_top_p
+
+    class AfterImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            run_module = spec.loader.exec_module
+
+            def exec_module(module) -> None:
+                run_module(module)
+                use_pytorch(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    if name in sys.modules:
+        use_pytorch(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, AfterImport())
+
+
 def _shared_torch_caches() -> None:
     """The suite's torch cache patches (``tests/support/torch_caches.py``, loaded from its file)
     in every process a test starts or vLLM spawns; it acts when torch's compiler is imported."""
@@ -314,6 +362,8 @@ if os.environ.get("MTP_TEST_TORCH_CACHE"):
     _shared_torch_caches()
 if os.environ.get(SWITCH) == "1":
     _install_cpu_backend()
+    if os.environ.get(TOP_K_TOP_P_SWITCH) == "pytorch":
+        _top_k_top_p_in_pytorch()
 if os.environ.get(V4_TILE_FIX_SWITCH) == "1" and os.environ.get("VLLM_PLUGINS") == "":
     _v4_tile_fix_without_plugins()
 _run_shadowed_sitecustomize()
