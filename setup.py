@@ -1,7 +1,8 @@
 """Packaging for vllm-mtp-plugin: the vLLM plugin entry point and the `vllm-mtp` command.
 
-The Model Runner V2 test harness (tests/mrv2_harness) is not package data: it is test code,
-found in the source checkout an editable install points at (vllm_mtp_plugin/tools/mrv2)."""
+Test code stays out of the package: the Model Runner V2 test harness (tests/mrv2_harness, named by
+VLLM_MTP_MRV2_HARNESS where it is needed), the suite's fork server and CPU-flag hiding live under
+tests/, the load test's mix under benchmarks/ (tests/test_layout.py builds the wheel and lists it)."""
 
 from setuptools import find_packages, setup
 

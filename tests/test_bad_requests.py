@@ -14,9 +14,11 @@ import urllib.request
 
 import pytest
 
-from vllm_mtp_plugin.tools.engine_modes import eager_serve_args
-from vllm_mtp_plugin.tools.offline import child_env
-from vllm_mtp_plugin.tools.server import Server, start_all
+from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
+from vllm_mtp_plugin.tools.engine.offline import child_env
+from vllm_mtp_plugin.tools.engine.server import Server, start_all
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 SPEC = {"method": "mtp", "num_speculative_tokens": 2}
 LONG = "word " * 700  # well over 512 tokens

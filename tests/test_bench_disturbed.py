@@ -6,7 +6,7 @@ import sys
 import time
 
 from vllm_mtp_plugin.tools.bench import offline_mode
-from vllm_mtp_plugin.tools.bench.interference import BUSY_SHARE, Meter, disturbed
+from vllm_mtp_plugin.tools.engine.interference import BUSY_SHARE, Meter, disturbed
 from vllm_mtp_plugin.tools.bench.sweep import Config, Sweep
 
 BURN_S = 2.0

@@ -8,6 +8,8 @@ from support.vllm_cache import private_cache_root
 from vllm_mtp_plugin.tools.bench.cli import main
 from vllm_mtp_plugin.tools.provenance import local_path
 
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
+
 ROW_FIELDS = ("checkpoint", "impl", "k", "concurrency", "output_tok_s", "speedup",
               "acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "ttft_ms",
               "tpot_ms", "draft_bytes", "ideal_speedup", "measured_over_ideal", "runs")
@@ -98,7 +100,7 @@ def test_draft_memory_ours_vs_in_tree(offline):
     # vLLM's class allocates its own embedding and head (vocab x hidden fp32 each); ours does not.
     # results.json stores paths portably ($TMP/..., tools/provenance.py)
     meta = json.loads((local_path(spec["plugin"]["checkpoint_path"])
-                       / "tiny_meta.json").read_text())["spec"]
+                       / "tiny_meta.json").read_text())["arch"]
     vocab_matrices = 2 * meta["vocab_size"] * meta["hidden_size"] * 4
     assert spec["in-tree"]["draft_bytes"] - spec["plugin"]["draft_bytes"] == vocab_matrices
 
@@ -144,7 +146,7 @@ def test_trained_model_compiled_by_prompt_kind_and_temperature(tmp_path, monkeyp
                 assert plugin["spec_decode"] == tree["spec_decode"], kind
                 assert plugin["token_ids"] == tree["token_ids"], kind
     logs = [p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log")]
-    # patches.skip_unloadable_aot_cache: no engine saves an artifact it could not load, and later
+    # skip_unloadable_aot_cache (patches/aot_cache.py): no engine saves an artifact it could not load, and later
     # engines of the same target load nothing
     assert len(logs) == 2 and not any("saved AOT compiled function" in log for log in logs)
     assert not any("due to a load failure" in log for log in logs)

@@ -4,8 +4,8 @@ which configurations a sweep adds, how the floor figures are derived, and what t
 import pytest
 import torch
 
-from vllm_mtp_plugin.mla_verify import SWITCH
-from vllm_mtp_plugin.tools import cpu_features
+from vllm_mtp_plugin.patches.mla_verify import SWITCH
+from vllm_mtp_plugin.tools.engine import cpu_features
 from vllm_mtp_plugin.tools.bench import analysis, report
 from vllm_mtp_plugin.tools.bench.offline_mode import filled
 from vllm_mtp_plugin.tools.bench.serve_mode import server_env
@@ -119,7 +119,7 @@ def test_vllm_alone_loads_no_plugin_and_keeps_its_own_baseline():
     """``--impl vllm`` is vLLM with no plugin at all; without the plugin's patches its k = 0 runs
     other code, so it is not pooled into the plugin's and the in-tree class's baseline."""
     from vllm_mtp_plugin.tools.bench.analysis import baselines
-    from vllm_mtp_plugin.tools.offline import child_env
+    from vllm_mtp_plugin.tools.engine.offline import child_env
 
     assert child_env("vllm", base={})["VLLM_PLUGINS"] == ""
     assert server_env("vllm")["VLLM_PLUGINS"] == ""

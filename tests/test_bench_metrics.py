@@ -5,8 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_mtp_plugin.tools import metrics
-from vllm_mtp_plugin.tools.bench import analysis, crosscheck, steptimer
+from vllm_mtp_plugin.tools.engine import metrics
+from vllm_mtp_plugin.tools.bench import analysis, crosscheck
+from vllm_mtp_plugin.tools.engine import steptimer
 
 # Lines as a vLLM 0.32 server exposes them (captured from a tiny checkpoint, k = 2).
 PAGE = """\
@@ -209,7 +210,7 @@ def test_cross_check_parsing_and_comparison():
 def test_interference_meter_reads_proc():
     import os
 
-    from vllm_mtp_plugin.tools.bench import interference
+    from vllm_mtp_plugin.tools.engine import interference
 
     parent, _ = interference._stat(os.getpid())
     assert parent == os.getppid()

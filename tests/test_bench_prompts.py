@@ -61,12 +61,12 @@ def test_sharegpt_file_reads_back_in_order_in_vllm_too(tmp_path):
 
 
 def test_checkpoint_specs(tmp_path):
-    assert checkpoints.parse_spec("bench:noisy:0.7") == ("bench", "noisy", 0.7)
-    assert checkpoints.parse_spec("small:oracle") == ("small", "oracle", 0.7)
-    assert checkpoints.parse_spec("tiny") == ("tiny", "noisy", 0.7)
+    assert checkpoints.parse_preset("bench:noisy:0.7") == ("bench", "noisy", 0.7)
+    assert checkpoints.parse_preset("small:oracle") == ("small", "oracle", 0.7)
+    assert checkpoints.parse_preset("tiny") == ("tiny", "noisy", 0.7)
     for bad in ("huge", "tiny:perfect", "tiny:noisy:1.5"):
         with pytest.raises(ValueError):
-            checkpoints.parse_spec(bad)
+            checkpoints.parse_preset(bad)
 
 
 def test_trained_preset_is_written_once_from_the_shipped_files(tmp_path):

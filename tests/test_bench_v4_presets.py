@@ -6,18 +6,20 @@ from vllm_mtp_plugin.tools.bench import checkpoints
 from vllm_mtp_plugin.tools.bench.offline_mode import offline_config
 from vllm_mtp_plugin.tools.bench.serve_mode import serve_args, server_env
 from vllm_mtp_plugin.tools.bench.sweep import Sweep
-from vllm_mtp_plugin.tools.engine_modes import eager_serve_args
-from vllm_mtp_plugin.tools.mrv2 import SWITCH, needs_interpreter
+from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
+from vllm_mtp_plugin.tools.engine.mrv2 import SWITCH, needs_interpreter
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 
 def test_v4_preset_specs():
-    assert checkpoints.parse_spec("v4tiny:noisy:0.8") == ("v4tiny", "noisy", 0.8)
-    assert checkpoints.parse_spec("v4tiny:oracle") == ("v4tiny", "oracle", 0.7)
-    assert checkpoints.parse_spec("v4tiny") == ("v4tiny", "noisy", 0.7)
+    assert checkpoints.parse_preset("v4tiny:noisy:0.8") == ("v4tiny", "noisy", 0.8)
+    assert checkpoints.parse_preset("v4tiny:oracle") == ("v4tiny", "oracle", 0.7)
+    assert checkpoints.parse_preset("v4tiny") == ("v4tiny", "noisy", 0.7)
     for bad, says in (("v4huge", "v4tiny"), ("v4tiny:perfect", "'perfect'"),
                       ("v4tiny:noisy:1.5", "0..1")):
         with pytest.raises(ValueError, match=says):
-            checkpoints.parse_spec(bad)
+            checkpoints.parse_preset(bad)
 
 
 def test_a_v4_preset_builds_a_bf16_v4_checkpoint_run_with_the_plugin_on_v2(tmp_path):

@@ -11,8 +11,10 @@ import json
 import pytest
 import torch
 from support.checkpoint_edits import edited_copy
+from support.engines import engine_runner
 
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +32,8 @@ def first_layer_only_oracle(checkpoints, tmp_path_factory):
 
 
 def per_position(model, impl: str, prompts) -> list[float]:
-    result = run_config(OfflineConfig(
-        model=str(model), num_speculative_tokens=2, impl=impl, runner="v2", prompts=prompts[:2],
-        max_tokens=12, llm_kwargs={"dtype": "float32"}), timeout=1200)
+    result = engine_runner(timeout=1200, runner="v2", max_tokens=12, llm_kwargs={"dtype": "float32"})(
+        model, 2, impl=impl, prompts=prompts[:2])
     assert result["runner"] == "v2" and result["compilation"] == "DYNAMO_TRACE_ONCE"
     return result["spec_decode"]["per_position_acceptance"]
 

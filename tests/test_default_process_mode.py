@@ -9,7 +9,9 @@ import functools
 import pytest
 from support.checkpoint_edits import same_target
 
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 OURS = "vllm_mtp_plugin.models.v3:DeepSeekMTP"
 IN_TREE = "vllm.model_executor.models.deepseek_mtp:DeepSeekMTP"

@@ -7,15 +7,17 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from vllm_mtp_plugin.tools.engine_modes import eager_for
+from vllm_mtp_plugin.tools.engine.modes import eager_for
 from vllm_mtp_plugin.models.predictor import MTPLayerStack
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 
 @pytest.fixture(scope="module")
 def engine(checkpoints):
     from vllm import LLM
 
-    from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype
+    from vllm_mtp_plugin.tools.engine.cpu_features import engine_args_for_dtype
 
     model = checkpoints("noisy", acceptance=0.6, num_nextn_predict_layers=2)
     backend, spec = engine_args_for_dtype("float32", {"method": "mtp", "num_speculative_tokens": 2})

@@ -15,7 +15,9 @@ import json
 import pytest
 from support.checkpoint_edits import same_target
 
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 OURS = "vllm_mtp_plugin.models.v3:DeepSeekMTP"
 IN_TREE = "vllm.model_executor.models.deepseek_mtp:DeepSeekMTP"
@@ -31,7 +33,7 @@ def runner(request):
 def _run(model, k, impl, runner, prompts, count_layer_calls=False):
     """vLLM's default compilation, except runs that count layer calls from Python, and the V1
     oracle at k = 1 and 3 and the random checkpoint, whose compiled twins are the oracle at k = 2
-    and the noisy checkpoint here (``engine_modes``: "compiled-twin")."""
+    and the noisy checkpoint here (``engine/modes.py``: "compiled-twin")."""
     twin = runner == "v1" and (k in (1, 3) or model.name.startswith("random"))
     eager = "layer-calls" if count_layer_calls else "compiled-twin" if twin else None
     result = run_config(OfflineConfig(str(model), k, impl, list(prompts), MAX_TOKENS,

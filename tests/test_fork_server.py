@@ -1,4 +1,4 @@
-"""``tools/fork_server.py``: jobs forked from a process that has imported vLLM behave as new
+"""``tests/support/fork_server.py``: jobs forked from a process that has imported vLLM behave as new
 interpreters would (arguments, environment, working directory, log, exit code, traceback,
 timeout), one server per environment; an engine run that way reports what a plain process does.
 
@@ -15,8 +15,10 @@ import types
 
 import pytest
 
-from vllm_mtp_plugin.tools import fork_server
-from vllm_mtp_plugin.tools.offline import OfflineConfig, child_env, run_config
+from support import fork_server
+from vllm_mtp_plugin.tools.engine.offline import LAUNCHER, OfflineConfig, child_env, run_config
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 PROBE = """
 import atexit, gc, json, os, sys, threading, time
@@ -127,9 +129,9 @@ def test_an_engine_forked_from_the_server_reports_what_a_plain_process_does(
         checkpoints, prompts, monkeypatch):
     config = OfflineConfig(str(checkpoints("noisy", acceptance=0.6)), 2, "plugin", list(prompts),
                            12, eager="process-start")
-    monkeypatch.setenv(fork_server.SWITCH, "1")
+    monkeypatch.setenv(LAUNCHER, fork_server.__file__)
     forked = run_config(config)
-    monkeypatch.setenv(fork_server.SWITCH, "0")
+    monkeypatch.delenv(LAUNCHER)
     plain = run_config(config)
     for key in ("token_ids", "spec_decode", "runner", "plugin_registered", "allocated_bytes"):
         assert forked[key] == plain[key], key

@@ -23,7 +23,9 @@ import pytest
 import torch
 from support.name_lists import DATA, name_list_rows
 from support.tp_groups import fake_tp
-from v4_support.harness import cpu_quantized_kernels_selected, single_process_vllm
+from support.drafters import cpu_quantized_kernels_selected, single_process_vllm
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 DTYPES = {"bf16": torch.bfloat16, "float32": torch.float32, "float8_e4m3fn": torch.float8_e4m3fn,
           "float8_e8m0fnu": torch.float8_e8m0fnu, "int8": torch.int8}
@@ -75,7 +77,7 @@ def build_on_meta(vllm_config, model_cls, tp: int, rank: int = 0):
 
     vllm_config.compilation_config.static_forward_context.clear()
     vllm_config.parallel_config.tensor_parallel_size = tp
-    # FP8 layers are chosen by vLLM's CPU kernel probe, which wants AMX (see v4_support/harness.py).
+    # FP8 layers are chosen by vLLM's CPU kernel probe, which wants AMX (see support/drafters.py).
     with set_current_vllm_config(vllm_config), fake_tp(tp, rank), cpu_quantized_kernels_selected(), \
             set_default_torch_dtype(torch.bfloat16), torch.device("meta"):
         model = model_cls(vllm_config=vllm_config, prefix="")

@@ -9,9 +9,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from support.checkpoint_edits import edited_copy
+from support.engines import engine_runner
 
 from vllm_mtp_plugin.tools.graft import GraftError, graft, main
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.tools.tiny import trained
 
 PROMPTS = ["from django.db import models\n\n\nclass Article(models.Model):\n",
@@ -25,11 +25,14 @@ def pair(tmp_path_factory):
             trained.write_checkpoint(root / "bare", mtp_layers=0))
 
 
+_serve = engine_runner(prompts=PROMPTS, max_tokens=24, llm_kwargs={"dtype": "float32"})
+
+
 def serve(model, k=2):
-    return run_config(OfflineConfig(model=str(model), num_speculative_tokens=k, prompts=PROMPTS,
-                                    max_tokens=24, llm_kwargs={"dtype": "float32"}))
+    return _serve(model, k)
 
 
+@pytest.mark.engine
 def test_grafted_checkpoint_serves_like_the_original(pair, tmp_path, capsys):
     full, bare = pair
     out = tmp_path / "out"

@@ -12,12 +12,12 @@ import pytest
 import torch
 from support.checkpoint_edits import drop, edited_copy
 
-from vllm_mtp_plugin.tools.inspect import inspect, main
+from vllm_mtp_plugin.tools.checkpoint.report import inspect_checkpoint, main
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint as build_v4
 
 
 def test_a_good_v3_checkpoint(checkpoints, capsys):
-    report = inspect(checkpoints("oracle", num_nextn_predict_layers=2))
+    report = inspect_checkpoint(checkpoints("oracle", num_nextn_predict_layers=2))
     assert report["problems"] == [] and report["format"] == "deepseek_v3 (Hugging Face)"
     assert sorted(report["layers"]) == [2, 3]
     layer = report["layers"][2]
@@ -41,7 +41,7 @@ def test_a_good_v3_checkpoint(checkpoints, capsys):
 def test_a_checkpoint_without_mtp_layers_names_its_file(checkpoints, tmp_path, capsys):
     oracle = checkpoints("oracle")
     stripped = edited_copy(oracle, tmp_path / "stripped", tensors=drop("model.layers.2."))
-    report = inspect(stripped)
+    report = inspect_checkpoint(stripped)
     assert report["layers"][2]["tensors"] == 0
     assert report["problems"] == [
         f"{stripped / 'model.safetensors'} has no tensors for MTP layer 0 (model.layers.2.*, "
@@ -56,7 +56,7 @@ def test_an_incomplete_v3_layer_and_an_unknown_tensor(checkpoints, tmp_path, cap
     oracle = checkpoints("oracle")
     no_hnorm = edited_copy(oracle, tmp_path / "no-hnorm", tensors=lambda t: {
         **drop("hnorm")(t), "model.layers.2.self_attn.o_gate.weight": torch.zeros(4)})
-    report = inspect(no_hnorm)
+    report = inspect_checkpoint(no_hnorm)
     assert report["problems"] == [
         f"{no_hnorm}: MTP layer 0 (model.layers.2.*) is incomplete: 1 tensor(s) missing: "
         "model.layers.2.hnorm.weight. Re-export the checkpoint with every tensor of its MTP "
@@ -88,19 +88,19 @@ def v32(checkpoints, tmp_path_factory):
 
 
 def test_a_v32_checkpoint_is_v3s_layer_plus_the_indexer(v32, tmp_path):
-    report = inspect(v32)
+    report = inspect_checkpoint(v32)
     assert report["problems"] == [] and report["format"] == "deepseek_v32 (Hugging Face)"
     layer = report["layers"][2]
     assert layer["kinds"] == {"own": 4, "shared": 2, "block": 14 + 5, "expert": 12}
     assert layer["tensors"] == 32 + 5 and layer["unknown"] == []
     no_wk = edited_copy(v32, tmp_path / "no-wk", tensors=drop(".indexer.wk."))
-    assert inspect(no_wk)["problems"] == [
+    assert inspect_checkpoint(no_wk)["problems"] == [
         f"{no_wk}: MTP layer 0 (model.layers.2.*) is incomplete: 1 tensor(s) missing: "
         "model.layers.2.self_attn.indexer.wk.weight. Re-export the checkpoint with every tensor "
         "of its MTP layers, or serve without --speculative-config."]
     # The same tensors under V3's model_type: the indexer is no part of V3's description.
     as_v3 = edited_copy(v32, tmp_path / "as-v3", model_type="deepseek_v3")
-    assert inspect(as_v3)["layers"][2]["unknown"] == sorted(
+    assert inspect_checkpoint(as_v3)["layers"][2]["unknown"] == sorted(
         f"model.layers.2.self_attn.indexer.{t}" for t in
         ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"))
 
@@ -111,7 +111,7 @@ def v4(tmp_path_factory):
 
 
 def test_a_good_v4_checkpoint(v4, capsys):
-    report = inspect(v4)
+    report = inspect_checkpoint(v4)
     assert report["problems"] == [] and report["format"] == "deepseek_v4 (DeepSeek naming)"
     layer = report["layers"][2]  # mtp.0 of a 2-layer target
     assert layer["prefix"] == "mtp.0."
@@ -129,11 +129,11 @@ def test_a_good_v4_checkpoint(v4, capsys):
 
 def test_v4_problems_are_the_start_up_checks(v4, tmp_path):
     dspark = edited_copy(v4, tmp_path / "dspark", tensors=drop("mtp.0.enorm.", "mtp.0.hnorm."))
-    (problem,) = inspect(dspark)["problems"]
+    (problem,) = inspect_checkpoint(dspark)["problems"]
     assert problem.startswith(f"{dspark}: mtp.0.* has ")
     assert "no enorm/hnorm, so it is not a DeepSeek MTP layer; it looks like a DSpark drafter" in problem
     bare = edited_copy(v4, tmp_path / "bare", tensors=drop("mtp."))
-    assert inspect(bare)["problems"][0].startswith(
+    assert inspect_checkpoint(bare)["problems"][0].startswith(
         f"{bare / 'model.safetensors'} has no tensors for MTP layer 0 (mtp.0.*, deepseek_v4 "
         "(DeepSeek naming))")
 
@@ -143,4 +143,4 @@ def test_an_unknown_model_type_is_refused_naming_config_json(checkpoints, tmp_pa
     with pytest.raises(SystemExit, match=re.escape(
             f"{other / 'config.json'}: model_type 'llama'; vllm-mtp inspect knows deepseek_v3, "
             "deepseek_v32, deepseek_v4 checkpoints")):
-        inspect(other)
+        inspect_checkpoint(other)

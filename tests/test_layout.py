@@ -2,6 +2,7 @@
 and the text that describes the package (docs/testing.md's layout, ``vllm-mtp --help``) names what
 is there."""
 
+import pytest
 import ast
 import re
 import subprocess
@@ -36,6 +37,7 @@ def test_plugin_part_never_imports_tools():
     assert plugin_modules() and offenders == []
 
 
+@pytest.mark.engine
 def test_vllm_side_imports_load_no_tooling_module():
     """What a vLLM process imports (register, both drafters, the weight tables) pulls in no tool."""
     code = """
@@ -57,32 +59,41 @@ print(len(loaded), *loaded)
     assert sorted(set(loaded) - plugin_part) == []  # tools/ is not in the plugin part
 
 
-def test_every_patch_is_listed_in_docs_patches():
+def test_every_patch_is_listed_in_docs_patches_with_its_module_in_table_order():
+    """docs/patches.md's table is checked against ``REGISTER_PATCHES``: one row per patch, in the
+    order ``register()`` applies them, each naming the one module that holds the patch."""
     readme = README.read_text()
-    names = [patch.name for patch in patches.REGISTER_PATCHES]
-    assert names and all(patch.apply is getattr(patches, patch.name)
-                         for patch in patches.REGISTER_PATCHES)
-    names += ["patch_cli_version_lookup"]
-    assert [name for name in names if f"| `{name}` |" not in readme] == []
+    rows = [line.split("|")[1].strip() for line in readme.splitlines()
+            if line.startswith("| `")]
+    expected = []
+    for patch in patches.REGISTER_PATCHES:
+        module = patch.apply.__module__
+        assert module.startswith("vllm_mtp_plugin.patches."), patch.name
+        assert patch.probe.__module__ == module, patch.name  # the whole patch in one file
+        path = module.removeprefix("vllm_mtp_plugin.").replace(".", "/") + ".py"
+        expected.append(f"`{patch.name}` (`{path}`)")
+    assert rows[:len(expected)] == expected
     from vllm_mtp_plugin import platform  # the V4 import helper lives with the block lookup
+    from vllm_mtp_plugin import precedence  # kept beside the rule it serves
+    from vllm_mtp_plugin.tools import cli
 
-    assert callable(platform.import_v4_module)
-    assert "| `import_v4_module` (`platform.py`) |" in readme
-    from vllm_mtp_plugin import precedence  # the one change to vLLM kept outside patches.py
-
+    assert callable(platform.import_v4_module) and callable(cli.patch_cli_version_lookup)
     assert callable(precedence.keep_claimed_architectures)
-    assert "| `keep_claimed_architectures` (`precedence.py`) |" in readme
+    assert rows[len(expected):] == ["`keep_claimed_architectures` (`precedence.py`)",
+                                    "`patch_cli_version_lookup` (`tools/cli.py`)",
+                                    "`import_v4_module` (`platform.py`)"]
 
 
 def test_one_header_reader_and_one_layer_description_for_loader_inspect_and_preflight():
-    from vllm_mtp_plugin.tools import inspect as inspect_tool
+    from vllm_mtp_plugin.tools.checkpoint import report, target
     from vllm_mtp_plugin.weights import headers, layers, loader, preflight, v4
 
-    assert inspect_tool.read_checkpoint is headers.read_checkpoint
+    assert target.read_checkpoint is headers.read_checkpoint  # every tool reads through target
+    assert report.TargetCheckpoint is target.TargetCheckpoint
     assert preflight.read_checkpoint is headers.read_checkpoint
     assert loader.tensor_file is headers.tensor_file
-    assert inspect_tool.layout_for is preflight.layout_for
-    assert preflight.LAYER_SPECS is layers.LAYER_SPECS
+    assert target.layout_for is preflight.layout_for
+    assert preflight.LAYER_DESCRIPTIONS is layers.LAYER_DESCRIPTIONS
     assert preflight.DSPARK_MARKERS is layers.DSPARK_MARKERS is v4.DSPARK_MARKERS
     assert preflight.no_mtp_tensors is loader.no_mtp_tensors
     assert preflight.dspark_drafter is loader.dspark_drafter is v4.dspark_drafter
@@ -120,3 +131,142 @@ def test_cli_help_names_every_build_tiny_mode(capsys):
     assert cli.main(["--help"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "build-tiny``" in ln)
     assert all(mode in line for mode in BUILD_TINY_MODES) and "{" not in line
+
+
+def imports_of(path: Path) -> set[str]:
+    """The package modules ``path`` imports (anywhere in it, deferred imports included)."""
+    module = ".".join(("vllm_mtp_plugin", *path.relative_to(PACKAGE).with_suffix("").parts))
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    package = package.removesuffix(".__init__")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found |= {name for name in names if name.startswith("vllm_mtp_plugin")}
+    return found
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Package module -> the package modules it imports (a package's name means its __init__)."""
+    modules = {".".join(("vllm_mtp_plugin", *p.relative_to(PACKAGE).with_suffix("").parts))
+               .removesuffix(".__init__"): p for p in PACKAGE.rglob("*.py")}
+    return {name: {m for m in imports_of(path) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+# The layers, lowest first: a module imports only from its own layer or below.
+LAYERS = (
+    ("plugin part", lambda m: ".tools" not in m),
+    ("shared tools", lambda m: m.startswith(("vllm_mtp_plugin.tools.engine",
+                                             "vllm_mtp_plugin.tools.checkpoint",
+                                             "vllm_mtp_plugin.tools.provenance",
+                                             "vllm_mtp_plugin.tools.prompt_files"))
+     or m == "vllm_mtp_plugin.tools"),
+    ("commands", lambda m: True),
+)
+
+
+def layer_of(module: str) -> int:
+    return next(i for i, (_, member) in enumerate(LAYERS) if member(module))
+
+
+def test_imports_go_down_the_layers_and_no_tool_imports_a_command_line():
+    graph = module_graph()
+    upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {i} ({LAYERS[layer_of(i)][0]})"
+              for m, imported in graph.items() for i in imported if layer_of(i) > layer_of(m)]
+    assert upward == []
+    # A command's command line (``*.cli``) is imported by the ``vllm-mtp`` dispatcher only, and
+    # the engine wing imports nothing of the commands or the checkpoint package.
+    clis = [f"{m} imports {i}" for m, imported in graph.items() for i in imported
+            if i.endswith(".cli") and not m.startswith(i.rsplit(".", 1)[0])]
+    assert clis == []
+    engine = [f"{m} imports {i}" for m, imported in graph.items() if ".tools.engine" in m
+              for i in imported if ".tools." in i and ".tools.engine" not in i]
+    assert engine == []
+
+
+def test_the_package_has_no_import_circles():
+    graph = module_graph()
+    cycles, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    # a package imports its own modules (its __init__ re-exports): not a circle between rooms
+    cycles = [c for c in cycles if not all(m.startswith(c[0]) or c[0].startswith(m) for m in c)]
+    assert cycles == []
+
+
+def test_no_run_of_six_lines_is_written_twice_in_the_package():
+    """Six consecutive code lines (white space folded; blank, comment and import lines and
+    docstring-only lines passed over) stand in one place only."""
+    runs: dict[tuple, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        kept = []
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            text = " ".join(line.split())
+            if not text or text.startswith(("#", "import ", "from ", '"""', "'''")) \
+                    or text in (")", "]", "}", "):", "else:", "try:", "return", "pass"):
+                continue
+            kept.append((number, text))
+        for i in range(len(kept) - 5):
+            window = tuple(text for _, text in kept[i:i + 6])
+            runs.setdefault(window, []).append(f"{path.relative_to(PACKAGE)}:{kept[i][0]}")
+    repeated = {" | ".join(w)[:160]: places for w, places in runs.items()
+                if len({p.split(":")[0] for p in places}) > 1 or len(places) > 1}
+    assert repeated == {}
+
+
+def test_the_wheel_holds_the_package_and_no_test_code(tmp_path):
+    """Built as pip builds it: every module of the package and its data, nothing from tests/ or
+    benchmarks/, no test-only module (harness, fork server, CPU-flag hiding, load-test mix)."""
+    import zipfile
+
+    import importlib.util
+    import shutil
+
+    # A copy of what the build reads, beside test code it must leave out: setuptools writes build/
+    # and *.egg-info into the tree it builds.
+    root = tmp_path / "source"
+    checkout = Path(__file__).resolve().parents[1]
+    junk = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    for part in ("vllm_mtp_plugin", "tests"):
+        shutil.copytree(checkout / part, root / part, ignore=junk)
+    for name in ("setup.py", "README.md"):
+        shutil.copy(checkout / name, root / name)
+    tmp_path = tmp_path / "wheel"
+    # This environment's setuptools where it can build wheels itself (no download), else pip's
+    # isolated build environment.
+    local = importlib.util.find_spec("setuptools") is not None and (
+        importlib.util.find_spec("wheel") is not None
+        or importlib.util.find_spec("setuptools.command.bdist_wheel") is not None)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path),
+                    *(["--no-build-isolation"] if local else []), str(root)],
+                   check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("vllm_mtp_plugin-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    modules = sorted(n for n in names if n.endswith(".py"))
+    assert modules == sorted(str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py"))
+    assert any(n.startswith("vllm_mtp_plugin/tools/data/trained/") for n in names)
+    test_only = ("sitecustomize", "fork_server", "loadtest", "hide_avx512", "mrv2_harness")
+    assert [n for n in names if any(word in n for word in test_only)] == []
+    sources = "".join(zipfile.ZipFile(wheel).read(n).decode() for n in modules)
+    assert "def hide_avx512" not in sources and "MTP_OFFLINE_FORK_SERVER" not in sources

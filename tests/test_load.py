@@ -7,13 +7,19 @@ checkpoint gives the reference tokens.
 """
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
-from vllm_mtp_plugin.tools.engine_modes import eager_serve_args
-from vllm_mtp_plugin.tools import loadtest
-from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype, serve_args_for_dtype
-from vllm_mtp_plugin.tools.server import Server, start_all
+from vllm_mtp_plugin.tools.engine.cpu_features import engine_args_for_dtype, serve_args_for_dtype
+from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
+from vllm_mtp_plugin.tools.engine.server import Server, start_all
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import loadtest  # noqa: E402  benchmarks/loadtest.py: the load test's mix and checks
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 K = 3
 MAX_MODEL_LEN = 512

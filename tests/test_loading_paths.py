@@ -1,6 +1,6 @@
 """The V3 drafter loading what real deployments hand it, next to vLLM's own ``DeepSeekMTP``.
 
-Both drafters are built here as vLLM's worker builds them (``v4_support.harness``), from the
+Both drafters are built here as vLLM's worker builds them (``tests/support/drafters.py``), from the
 repo's tiny V3 checkpoint; the weights come through vLLM's own safetensors iterator:
 
 * a quantized export (a copy of the checkpoint with ModelOpt KV-cache scales, a deprecated
@@ -14,11 +14,12 @@ import dataclasses
 
 import pytest
 import torch
-from support.drafter import build_v3_drafter
+from support.drafters import build_drafter, engine_config, single_process_vllm
 from support.name_lists import tensor_names
-from v4_support.harness import engine_config, single_process_vllm
 
 from vllm_mtp_plugin.weights.loader import CheckpointError
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 L = 2  # the tiny target has 2 layers: the MTP layer is layer 2
 ATTN = f"model.layers.{L}.mtp_block.self_attn.mla_attn.mla_attn."
@@ -43,7 +44,7 @@ def build(vllm_config, in_tree=False, kv_cache_scales=False):
     from vllm.model_executor.layers.quantization.modelopt import ModelOptKVCacheMethod
     from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
 
-    model = build_v3_drafter(vllm_config, torch.bfloat16, DeepSeekMTP if in_tree else None)
+    model = build_drafter(vllm_config, DeepSeekMTP if in_tree else None)
     if kv_cache_scales:
         for module in model.modules():
             if isinstance(module, MLAAttention):

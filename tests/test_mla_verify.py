@@ -17,8 +17,9 @@ import torch
 
 from support.checkpoint_edits import same_target
 from support.hardware import needs_cpu
-from vllm_mtp_plugin import mla_verify, patches
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin import patches
+from vllm_mtp_plugin.patches import mla_verify
+from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
 
 LATENT, ROPE, BLOCK = 512, 64, 16  # what vLLM's CPU MLA kernel is built for
 
@@ -211,6 +212,7 @@ def engine(prompts, tmp_path_factory):
         model, k, patched, tuple(prompts), tmp, dtype, impl)
 
 
+@pytest.mark.engine
 def test_verification_through_the_decode_kernel_keeps_every_token(checkpoints, engine):
     """Greedy tokens equal the non-speculative run at k = 1, 3 (one MTP layer) and k = 2 (two MTP
     layers: the same target, so the same baseline), and the unpatched path at k = 3; contexts span
@@ -235,6 +237,7 @@ def test_verification_through_the_decode_kernel_keeps_every_token(checkpoints, e
     assert abs(a["num_accepted_tokens"] - b["num_accepted_tokens"]) <= 3, (a, b)
 
 
+@pytest.mark.engine
 def test_two_compiled_mtp_layers_give_vllms_tokens_and_counters(checkpoints, engine):
     """Plugin = in-tree (``MTP_PLUGIN=off``) on two MTP layers, k = 2, V1, vLLM's default
     compilation: the same tokens and every counter. V1 drafts both steps with layer L
@@ -252,6 +255,7 @@ def test_two_compiled_mtp_layers_give_vllms_tokens_and_counters(checkpoints, eng
     assert 0 < ours["spec_decode"]["num_accepted_tokens"] < ours["spec_decode"]["num_draft_tokens"]
 
 
+@pytest.mark.engine
 @needs_cpu("amx_tile", "amx_bf16", part="vLLM's AMX_MLA backend")
 def test_amx_mla_verification_through_its_decode_kernel_keeps_every_token(checkpoints, engine):
     """bf16 engines on AMX_MLA: k = 3 through the decode kernel gives the tokens of k = 0."""

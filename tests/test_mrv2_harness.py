@@ -3,7 +3,7 @@
 The engine tests that use it (``test_engine_v3.py``'s ``v2`` runs) check from the worker that V2
 ran; these check the harness itself: a stray ``PYTHONPATH`` entry changes nothing, and switched on
 it gives Triton an interpreted CPU target that runs kernels on CPU tensors, vLLM's top-k/top-p
-sampling kernel included. It is not package data: ``vllm_mtp_plugin/tools/mrv2`` finds it in the
+sampling kernel included. It is not package data: ``vllm_mtp_plugin/tools/engine/mrv2.py`` finds it in the
 source checkout, and where it is missing (a wheel install) every command that needs it says so.
 """
 
@@ -16,10 +16,13 @@ from pathlib import Path
 import pytest
 
 import vllm_mtp_plugin
-from vllm_mtp_plugin.tools import demo, mrv2
+from vllm_mtp_plugin.tools import demo
+from vllm_mtp_plugin.tools.engine import mrv2
 from vllm_mtp_plugin.tools.bench import cli as bench_cli
-from vllm_mtp_plugin.tools.mrv2 import SITE_DIR, SWITCH, harness_env, needs_interpreter
-from vllm_mtp_plugin.tools.offline import child_env
+from vllm_mtp_plugin.tools.engine.mrv2 import HARNESS, SWITCH, harness_env, needs_interpreter
+
+SITE_DIR = Path(__file__).resolve().parent / "mrv2_harness"
+from vllm_mtp_plugin.tools.engine.offline import child_env
 
 PROBE = """
 import json, os, sys
@@ -123,6 +126,7 @@ def test_jitted_helpers_run_without_patching_the_language_again():
     assert facts["restored"]
 
 
+@pytest.mark.engine
 @pytest.mark.skipif(not needs_interpreter(), reason="V2 runs natively here: no harness")
 def test_vllms_top_k_top_p_kernel_runs_interpreted_and_matches_pytorch():
     """Its loop variable must be a tensor (``row.to(tl.int64)``), as in compiled Triton."""
@@ -159,6 +163,7 @@ print(json.dumps({"log1p": (y - torch.log1p(x)).abs().max().item(),
 """
 
 
+@pytest.mark.engine
 @pytest.mark.skipif(not needs_interpreter(), reason="V2 runs natively here: no harness")
 def test_v2s_probabilistic_drafting_kernels_run_interpreted():
     """A block mask and'ed with a scalar is a bool mask (the interpreter made it int32), and
@@ -184,6 +189,7 @@ print(json.dumps({"module": states.apply_top_k_top_p.__module__,
 """
 
 
+@pytest.mark.engine
 @pytest.mark.skipif(not needs_interpreter(), reason="V2 runs natively here: no harness")
 def test_top_k_top_p_switch_gives_v2_vllms_pytorch_masking():
     """``VLLM_MTP_TEST_MRV2_TOP_K_TOP_P=pytorch``: what V2's sampling states call is vLLM's
@@ -212,28 +218,33 @@ def test_offline_child_env_per_runner():
     assert child_env("plugin", {**base, "MTP_PLUGIN": "off"})["MTP_PLUGIN"] == "auto"
 
 
-def test_the_harness_is_found_in_this_checkout_and_is_not_package_data():
-    assert mrv2.site_dir() == SITE_DIR == Path(__file__).resolve().parent / "mrv2_harness"
+def test_the_harness_is_named_by_its_variable_and_is_not_package_data(monkeypatch):
+    """The suite names this checkout's harness (tests/conftest.py); the package holds no
+    sitecustomize and no path into a checkout's tests/."""
+    assert mrv2.site_dir() == SITE_DIR
     assert (SITE_DIR / "sitecustomize.py").is_file()
     package = Path(vllm_mtp_plugin.__file__).resolve().parent
     assert sorted(package.rglob("sitecustomize.py")) == []
+    assert [p for p in package.rglob("*.py") if "mrv2_harness\"" in p.read_text()] == []
     setup_py = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
     assert "package_data" in setup_py and "mrv2" not in setup_py.split("package_data")[1]
 
 
-@pytest.fixture
-def no_harness(monkeypatch, tmp_path):
-    """As installed from a wheel: no harness next to the package; V2 on this CPU would need it."""
-    missing = tmp_path / "no-checkout" / "tests" / "mrv2_harness"
-    monkeypatch.setattr(mrv2, "SITE_DIR", missing)
+@pytest.fixture(params=["unset", "wrong"])
+def no_harness(request, monkeypatch, tmp_path):
+    """As installed from a wheel: no harness named (or a directory without it); V2 on this CPU
+    would need it."""
+    if request.param == "unset":
+        monkeypatch.delenv(HARNESS, raising=False)
+    else:
+        monkeypatch.setenv(HARNESS, str(tmp_path / "no-checkout"))
     monkeypatch.setattr(mrv2, "needs_interpreter", lambda: True)
-    return missing
+    return request.param
 
 
-def _says_what_to_do(message: str, missing: Path) -> None:
-    assert str(missing / "sitecustomize.py") in message
-    assert "not with the installed package" in message
-    assert "`pip install -e .`" in message and "triton-cpu" in message
+def _says_what_to_do(message: str, case: str) -> None:
+    assert (f"{HARNESS} is not set" if case == "unset" else "holds no sitecustomize.py") in message
+    assert f"{HARNESS}=$PWD/tests/mrv2_harness" in message and "triton-cpu" in message
 
 
 def test_without_the_harness_v2_environments_raise_one_clear_error(no_harness):

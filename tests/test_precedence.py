@@ -1,9 +1,9 @@
 """Which drafter class serves when another plugin registers the same architecture names.
 
-A test-only rival plugin (``tests/precedence_support/rival``: registers ``DeepSeekMTPModel``,
+A test-only rival plugin (``tests/support/precedence/rival``: registers ``DeepSeekMTPModel``,
 ``DeepseekV32MTPModel`` and ``DeepSeekV4MTPModel`` as vllm-ascend does, and offers an out-of-tree
 platform without a V4 decoder block) is discovered before or after vllm-mtp-plugin in child
-processes (``precedence_support/resolve.py``). The outcome must not depend on the order.
+processes (``support/precedence/resolve.py``). The outcome must not depend on the order.
 """
 
 import json
@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-RESOLVE = Path(__file__).parent / "precedence_support" / "resolve.py"
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
+
+RESOLVE = Path(__file__).parent / "support" / "precedence" / "resolve.py"
 OURS_V3 = "vllm_mtp_plugin.models.v3:DeepSeekMTP"
 OURS_V4 = "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
 RIVAL_V3 = "vllm_mtp_rival.models:RivalDeepSeekMTP"

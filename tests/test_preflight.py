@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.checkpoint_edits import drop, edited_copy, read_raw, write_raw
 from support.name_lists import DATA, name_list_rows
-from v4_support.harness import tiny_v4_checkpoint
+from support.drafters import tiny_v4_checkpoint
 
 from vllm_mtp_plugin.weights.preflight import tensor_problems
 
@@ -137,6 +137,7 @@ def start_up(checkpoints, tmp_path_factory):
     return {kind: (path, results[str(path)]) for kind, path in dirs.items()}
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("kind", [*V3_CASES, *V4_CASES])
 def test_malformed_checkpoint_is_refused_with_the_fix(start_up, kind):
     model, error = start_up[kind]
@@ -149,6 +150,7 @@ def test_malformed_checkpoint_is_refused_with_the_fix(start_up, kind):
         assert fragment in error, f"{kind}: {fragment!r} not in:\n{error}"
 
 
+@pytest.mark.engine
 def test_valid_checkpoints_start(start_up):
     assert start_up["valid_v3"][1] is None
     assert start_up["valid_v4"][1] is None

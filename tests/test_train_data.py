@@ -10,18 +10,15 @@
 import pytest
 import torch
 
-from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype
+from vllm_mtp_plugin.tools.engine.cpu_features import engine_args_for_dtype
 from vllm_mtp_plugin.tools.tiny import trained
-from vllm_mtp_plugin.tools.train.checkpoint import TargetCheckpoint
-from vllm_mtp_plugin.tools.train.collect import (
-    CollectSettings,
-    _engine,
-    collect,
-    cpu_without_bf16,
-)
+from vllm_mtp_plugin.tools.train.target import open_target
+from vllm_mtp_plugin.tools.train.collect import CollectSettings, _engine, collect, cpu_without_bf16
 from vllm_mtp_plugin.tools.train.data import SequenceStore, assemble
-from vllm_mtp_plugin.tools.train.layers import FrozenTarget, hf_config, mtp_forward
+from vllm_mtp_plugin.tools.train.layers import FrozenTarget, transformers_config, mtp_forward
 from vllm_mtp_plugin.tools.train.model import initial_layer
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 UNI = {"distributed_executor_backend": "uni"}
 
@@ -131,8 +128,8 @@ def test_trainer_layer_computes_the_served_layer(target, tmp_path):
     del llm
     call = load_file(str(sorted((tmp_path / "raw").glob("call-*"))[0]))
     assert call["hidden_states"].dtype == torch.float32 and call["output"].shape[0] >= 10
-    checkpoint = TargetCheckpoint(target)
-    config = hf_config(checkpoint.config)
+    checkpoint = open_target(target)
+    config = transformers_config(checkpoint.config)
     layer = initial_layer(checkpoint, config, "checkpoint", 0).eval()
     frozen = FrozenTarget(config, checkpoint.float_tensor("model.embed_tokens.weight"),
                           checkpoint.float_tensor("lm_head.weight"))

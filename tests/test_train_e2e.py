@@ -9,11 +9,16 @@ import subprocess
 import sys
 from importlib import resources
 
+import pytest
+
 from vllm_mtp_plugin.tools.bench.prompts import load_prompts
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.train.cli import DEFAULT_PROMPTS
 from vllm_mtp_plugin.tools.train.data import load_training_prompts
+
+from support.engines import engine_runner
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 HELD_OUT = load_prompts(trained.shipped_dir().parent / "trained_prompts.jsonl")
 # The prompts `vllm-mtp train` collects from without --prompts (their count: test_shipped_data.py).
@@ -24,9 +29,8 @@ SAMPLES_PER_PROMPT = 2
 def acceptance(model, k=1):
     """Eager: the compiled twin is test_graft.py (a layer written into the trained model's
     files, served compiled with the original's tokens and counters)."""
-    run = run_config(OfflineConfig(model=str(model), num_speculative_tokens=k, prompts=HELD_OUT,
-                                   max_tokens=40, eager="compiled-twin",
-                                   llm_kwargs={"dtype": "bfloat16"}))
+    run = engine_runner(prompts=HELD_OUT, max_tokens=40, eager="compiled-twin",
+                        llm_kwargs={"dtype": "bfloat16"})(model, k)
     spec = run["spec_decode"]
     return spec["num_accepted_tokens"] / spec["num_draft_tokens"]
 

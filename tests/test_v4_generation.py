@@ -16,28 +16,31 @@ import re
 
 import pytest
 from support.hardware import needs_v4_target
-from v4_support.harness import tiny_v4_checkpoint
+from support.drafters import tiny_v4_checkpoint
+from support.engines import engine_runner
 
-from vllm_mtp_plugin.tools.mrv2 import V4_TILE_FIX_SWITCH, harness_env
-from vllm_mtp_plugin.tools.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.engine.mrv2 import V4_TILE_FIX_SWITCH, harness_env
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts
+
 
 OURS = "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
 PROMPTS = ("Hello world", "The capital of France is", "Describe the water cycle in one sentence.")
 MAX_TOKENS = 12
 
-pytestmark = needs_v4_target()
+pytestmark = [pytest.mark.engine, needs_v4_target()]  # engine: starts vLLM (conftest.py)
+
+
+run_v2 = engine_runner(prompts=PROMPTS, max_tokens=MAX_TOKENS, runner="v2",
+                       llm_kwargs={"dtype": "bfloat16", "max_model_len": 256})
 
 
 @functools.cache
 def generate(model, k: int, impl: str = "plugin", plugins_off: bool = False) -> dict:
     """``plugins_off``: vLLM loads no plugin at all (``VLLM_PLUGINS=""``); the worker reports
     whether ours was loaded."""
-    result = run_config(OfflineConfig(str(model), k, impl, list(PROMPTS), MAX_TOKENS,
-                                      runner="v2", record_layer_calls=k > 0,
-                                      eager="layer-calls" if k > 0 else "interpreted-v4",
-                                      llm_kwargs={"dtype": "bfloat16", "max_model_len": 256}),
-                        env={"VLLM_PLUGINS": ""} if plugins_off else None)
+    result = run_v2(model, k, impl=impl, record_layer_calls=k > 0,
+                    eager="layer-calls" if k > 0 else "interpreted-v4",
+                    env={"VLLM_PLUGINS": ""} if plugins_off else None)
     assert result["runner"] == "v2"
     assert result["plugin_registered"] == (not plugins_off)
     return result
@@ -104,9 +107,9 @@ def test_noisy_v4_first_position_acceptance_is_what_it_was_built_for(monkeypatch
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     prompts = distinct_last_word_prompts(48)
-    result = run_config(OfflineConfig(str(noisy), 1, "plugin", prompts, 16, runner="v1",
-                                      eager="interpreted-v4", llm_kwargs={
-        "dtype": "bfloat16", "max_model_len": 256, "max_num_seqs": len(prompts)}))
+    result = engine_runner(runner="v1", eager="interpreted-v4", llm_kwargs={
+        "dtype": "bfloat16", "max_model_len": 256, "max_num_seqs": len(prompts)})(
+        noisy, 1, prompts=prompts, max_tokens=16)
     assert result["runner"] == "v1" and result["drafter"]["class"] == OURS
     spec = result["spec_decode"]
     drafts, measured = spec["num_drafts"], spec["per_position_acceptance"][0]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.tp_groups import tp_rank_functions
-from v4_support.harness import (
+from support.drafters import (
     build_drafter,
     checkpoint_tensors,
     engine_config,
@@ -22,6 +22,8 @@ from v4_support.harness import (
     single_process_vllm,
     tiny_v4_checkpoint,
 )
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 HC, H = 4, 256
 

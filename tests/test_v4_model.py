@@ -4,12 +4,12 @@ The checkpoint is stored as DeepSeek stores V4-Flash (FP8 e4m3 linears with UE8M
 packed-FP4 experts with UE8M0 1x32 scales, ``mtp.0.*`` names). Every parameter of the drafter is
 compared, byte for byte, with the checkpoint tensors it must hold, composed here by hand (not by the
 weight map). Building an FP8 drafter needs vLLM's CPU FP8 linear kernel to accept this CPU: see
-``v4_support/harness.py`` (``cpu_quantized_kernels_selected``); no FP8 matmul runs in this file.
+``support/drafters.py`` (``cpu_quantized_kernels_selected``); no FP8 matmul runs in this file.
 """
 
 import pytest
 import torch
-from v4_support.harness import (
+from support.drafters import (
     build_drafter,
     checkpoint_tensors,
     engine_config,
@@ -18,6 +18,8 @@ from v4_support.harness import (
 )
 
 from vllm_mtp_plugin.weights.loader import CheckpointError
+
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 L = 2  # the tiny target has 2 layers: mtp.0 is layer 2
 

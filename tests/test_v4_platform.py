@@ -1,7 +1,7 @@
 """Platform differences of the V4 drafter: which block, which streams, which hc_head, which CPU.
 
 The out-of-tree case runs in a child process under a test-only platform plugin
-(``v4_support/fake_platform``: a ``vllm.platform_plugins`` entry point, CPU-backed, reporting
+(``support/fake_npu/platform_plugin``: a ``vllm.platform_plugins`` entry point, CPU-backed, reporting
 ``PlatformEnum.OOT``), because vLLM chooses its platform once per process.
 """
 
@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from v4_support.harness import tiny_v4_checkpoint
+from support.drafters import tiny_v4_checkpoint
 
 from vllm_mtp_plugin import platform as plat
-from vllm_mtp_plugin.tools import cpu_features
+from vllm_mtp_plugin.tools.engine import cpu_features
 
-SUPPORT = Path(__file__).parent / "v4_support"
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
+
+SUPPORT = Path(__file__).parent / "support" / "fake_npu"
 REPO = Path(__file__).parent.parent
 
 
@@ -25,7 +27,7 @@ REPO = Path(__file__).parent.parent
 def oot_facts():
     model = tiny_v4_checkpoint("random", quantization=None)
     env = {**os.environ, "VLLM_MTP_FAKE_NPU": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(SUPPORT / "fake_platform"),
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(SUPPORT / "platform_plugin"),
                                           os.environ.get("PYTHONPATH", "")])}
     env.pop("VLLM_TARGET_DEVICE", None)  # "cpu" there would short-cut platform plugins
     proc = subprocess.run([sys.executable, str(SUPPORT / "probe_oot.py"), str(model)], env=env,

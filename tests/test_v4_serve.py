@@ -1,6 +1,6 @@
 """``vllm-mtp serve`` of a bf16 tiny DeepSeek-V4 checkpoint with MTP, over the OpenAI API.
 
-Runs under the Model Runner V2 test harness (``tools/mrv2.harness_env``: Triton's interpreter
+Runs under the Model Runner V2 test harness (``tools/engine/mrv2.py.harness_env``: Triton's interpreter
 stands in for a Triton CPU backend; tests only, never for serving), in vLLM's default process mode.
 The oracle drafter is always right, so the counters move by exact amounts: a request that asks for
 ``1 + m (k + 1)`` tokens gets its first token from the prefill and then ``m`` verification steps
@@ -13,17 +13,18 @@ import json
 import pytest
 from openai import OpenAI
 from support.hardware import needs_v4_target
-from v4_support.harness import tiny_v4_checkpoint
+from support.drafters import tiny_v4_checkpoint
 
-from vllm_mtp_plugin.tools.engine_modes import eager_serve_args
-from vllm_mtp_plugin.tools import metrics
-from vllm_mtp_plugin.tools.mrv2 import harness_env
-from vllm_mtp_plugin.tools.server import Server
+from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
+from vllm_mtp_plugin.tools.engine import metrics
+from vllm_mtp_plugin.tools.engine.mrv2 import harness_env
+from vllm_mtp_plugin.tools.engine.server import Server
+
 
 K, STEPS = 2, 5
 MAX_TOKENS = 1 + STEPS * (K + 1)
 
-pytestmark = needs_v4_target()
+pytestmark = [pytest.mark.engine, needs_v4_target()]  # engine: starts vLLM (conftest.py)
 
 
 @pytest.fixture(scope="module")

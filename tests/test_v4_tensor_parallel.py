@@ -26,7 +26,7 @@ must have stayed ``-inf``.
 import pytest
 import torch
 from support.tp_groups import fake_tp, tp_rank_functions
-from v4_support.harness import (
+from support.drafters import (
     build_drafter,
     checkpoint_tensors,
     engine_config,
@@ -34,8 +34,10 @@ from v4_support.harness import (
     tiny_v4_checkpoint,
 )
 
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
+
 L = 2  # the tiny target has 2 layers: mtp.0 is layer 2
-HEADS = 4  # TinyV4Spec.num_attention_heads: 2 per rank
+HEADS = 4  # TinyV4Arch.num_attention_heads: 2 per rank
 TP = 2
 OWN, BLOCK = f"model.layers.{L}.", f"model.layers.{L}.mtp_block."
 SINK = BLOCK + "attn.attn_sink"

@@ -14,7 +14,7 @@ import torch
 from support.name_lists import DATA, name_list_rows
 from support.tp_groups import tp_rank_functions
 
-from vllm_mtp_plugin.tools.tiny.v4 import TinyV4Spec, build_tensors, encode
+from vllm_mtp_plugin.tools.tiny.v4 import TinyV4Arch, build_tensors, encode
 from vllm_mtp_plugin.weights.v4 import attn_sink_for_rank, dspark_hint, raw_bytes, v4_weight_map
 
 CONFIG = json.loads((DATA / "deepseek_v4_config.json").read_text())
@@ -128,7 +128,7 @@ def templates(names) -> set[str]:
 
 
 def test_tiny_checkpoints_have_every_kind_of_real_tensor_with_its_dtype():
-    spec = TinyV4Spec(n_routed_experts=2, num_experts_per_tok=1)
+    spec = TinyV4Arch(n_routed_experts=2, num_experts_per_tok=1)
     tensors, _ = build_tensors(spec, "random", 0)
     tiny = encode(tensors, "fp8", "fp4")
     real = {n: dtype for n, _, dtype in real_v4_names()}

@@ -2,7 +2,7 @@
 
 ``register()`` is the ``vllm.general_plugins`` entry point. vLLM calls it once in every process it
 starts (API server, engine core, workers, short inspection subprocesses), so it only hands the model
-registry lazy ``"module:Class"`` strings and applies the small patches in ``patches.py`` (to vLLM
+registry lazy ``"module:Class"`` strings and applies the small patches in ``patches/`` (to vLLM
 modules that are already imported by then): no model code is imported here. Which architectures
 it keeps when a platform plugin registers the same names is decided in ``precedence.py``
 (``MTP_PLUGIN=auto|on|off``), whatever the order vLLM loads the plugins in.
@@ -33,7 +33,7 @@ def register() -> None:
     import logging
 
     logger = logging.getLogger("vllm.vllm_mtp_plugin")
-    # Two independent steps: the fixes to vLLM (patches.py) apply even when the classes do not.
+    # Two independent steps: the fixes to vLLM (patches/) apply even when the classes do not.
     try:
         from .patches import apply_register_patches
 

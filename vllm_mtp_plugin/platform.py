@@ -165,13 +165,13 @@ def v4_module_exists(module_name: str) -> bool:
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.find_spec(V4_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    module_spec = importlib.util.find_spec(V4_PACKAGE)
+    if module_spec is None or not module_spec.submodule_search_locations:
         return False
     relative = Path(*module_name.removeprefix(V4_PACKAGE + ".").split("."))
     return any((Path(root) / relative).with_suffix(".py").is_file()
                or (Path(root) / relative / "__init__.py").is_file()
-               for root in spec.submodule_search_locations)
+               for root in module_spec.submodule_search_locations)
 
 
 def deepseek_v4_block_cls() -> type:

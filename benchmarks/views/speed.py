@@ -81,7 +81,7 @@ def _processes(relative: str) -> str:
 def rerun_line(rows: list[dict]) -> str:
     """" Re-run ...": engine processes the bench discarded because other work shared the machine
     (``interference.disturbed``), and rows still above the threshold after the re-runs."""
-    from vllm_mtp_plugin.tools.bench.interference import BUSY_SHARE, disturbed
+    from vllm_mtp_plugin.tools.engine.interference import BUSY_SHARE, disturbed
 
     def name(r: dict) -> str:
         return f"{r['impl']} k = {r['k']}" + (" (floor)" if r.get("floor_only") else "")

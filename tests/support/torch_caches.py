@@ -23,10 +23,7 @@ compiles never imports torch's compiler for this; one imported already is patche
 Running this file twice in one process changes nothing. Dynamo still traces every engine.
 """
 
-import importlib.abc
-import importlib.machinery
 import os
-import sys
 from collections.abc import Callable
 from types import ModuleType
 
@@ -69,33 +66,13 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
 }
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for a module in ``PATCHES`` it wraps the real loader so that the
-    patch runs as soon as the module has executed, before anything can use it."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in PATCHES:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run_module = spec.loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            run_module(module)
-            PATCHES[fullname](module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def install() -> None:
+    """Each patch runs on its module now if it is imported, else right after its import (the
+    plugin's own ``after_import``: one finder per module, however often this file is loaded)."""
+    from vllm_mtp_plugin.patches.import_hooks import after_import
+
     for name, patch in PATCHES.items():
-        if name in sys.modules:
-            patch(sys.modules[name])
-    # By name: the fork server's preload and the sitecustomize load this file as two modules.
-    if not any(type(finder).__name__ == _PatchAfterImport.__name__ for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport())
+        after_import(name, patch)
 
 
 install()

@@ -221,12 +221,18 @@ class DeepSeekMultiTokenPredictor(nn.Module):
     ) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.embed_input_ids(input_ids)
+        hidden_states = self.prepare_hidden_states(hidden_states)
         layer = self.model.layer_for_step(spec_step_idx)
         output = layer(positions, hidden_states, inputs_embeds)
         if spec_step_idx == 0 and recording.active():  # data for ``vllm-mtp train``
             recording.record(input_ids, positions, hidden_states,
                              output[-1] if isinstance(output, tuple) else output)
         return output
+
+    def prepare_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """What a variant does to the target's hidden state before any layer sees it (V3's
+        checkpoint rotation, ``rot``); nothing here."""
+        return hidden_states
 
     def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0):
         layer = self.model.layer_for_step(spec_step_idx)

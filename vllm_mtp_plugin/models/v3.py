@@ -32,7 +32,6 @@ from vllm.model_executor.models.deepseek_v2 import (
 )
 
 from vllm.model_executor.models.utils import maybe_prefix
-from vllm.sequence import IntermediateTensors
 
 from ..platform import fused_moe_expert_params, host_compares_head_copies
 from ..weights.headers import file_holding
@@ -157,20 +156,9 @@ class DeepSeekMTP(DeepSeekMultiTokenPredictor, DeepseekV2MixtureOfExperts):
         """The checkpoint's ``rot`` (kept on the first MTP layer, as its name is loaded)."""
         return getattr(self.model.layers[str(self.model.mtp_start_layer_idx)], "rot", None)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-        intermediate_tensors: IntermediateTensors | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        spec_step_idx: int = 0,
-    ) -> torch.Tensor:
-        """``rot`` first, then the predictor's forward (which runs the step's compiled layer)."""
-        if self.rotation is not None:
-            hidden_states = self.rotation(hidden_states)
-        return super().forward(input_ids, positions, hidden_states, intermediate_tensors,
-                               inputs_embeds, spec_step_idx)
+    def prepare_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``rot`` first (the predictor's forward then runs the step's compiled layer)."""
+        return hidden_states if self.rotation is None else self.rotation(hidden_states)
 
     def load_weights(self, weights):
         """The checkpoint's top-level ``rot.weight`` goes to the first MTP layer's ``rot``."""

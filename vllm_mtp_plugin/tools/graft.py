@@ -13,14 +13,14 @@ Memory: tensors are copied one source shard at a time (a DeepSeek-V3 shard is ~4
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
-from ..weights.headers import read_checkpoint
-from ..weights.layers import LAYER_SPECS
-from ..weights.preflight import mtp_problems
-from .checkpoint_files import CheckpointWriteError, assemble
+from ..weights.layers import LAYER_DESCRIPTIONS
+from ..weights.preflight import tensor_problems
+from .checkpoint.files import CheckpointWriteError, assemble
+from .checkpoint.target import TargetCheckpoint, TargetCheckpointError
+
 # Config fields that decide the MTP layer's tensor shapes, its position and its router: SOURCE and
 # TARGET must agree on all of them (absent on both sides counts as agreeing).
 ARCHITECTURE_FIELDS = (
@@ -39,21 +39,22 @@ class GraftError(ValueError):
     """A checkpoint that cannot take part in a graft; the message names it and what to do."""
 
 
-def read_config(model_dir: Path, role: str) -> dict:
-    path = model_dir / "config.json"
-    if not path.is_file():
-        raise GraftError(f"{role} {model_dir}: no config.json; give a Hugging Face checkpoint "
-                         "directory (config.json and *.safetensors).")
+def open_checkpoint(model_dir: Path, role: str) -> TargetCheckpoint:
+    """``model_dir`` read once (config.json, headers), or ``GraftError`` naming ``role``."""
     try:
-        config = json.loads(path.read_text())
-    except ValueError as exc:
-        raise GraftError(f"{path}: not valid JSON ({exc}).") from exc
-    if config.get("model_type") not in LAYER_SPECS or config.get("model_type") == "deepseek_v4":
+        checkpoint = TargetCheckpoint(model_dir)
+    except TargetCheckpointError as exc:
+        raise GraftError(f"{role} {exc}") from None
+    config = checkpoint.config
+    if config.get("model_type") not in LAYER_DESCRIPTIONS or config.get("model_type") == "deepseek_v4":
         raise GraftError(
-            f"{path}: model_type {config.get('model_type')!r} is not a DeepSeek-V3-layout model "
-            "(deepseek_v3, deepseek_v32); graft copies model.layers.{num_hidden_layers + j}.* "
-            "between such checkpoints (DeepSeek-V4's mtp.{j}.* is not supported yet).")
-    return config
+            f"{checkpoint.config_path}: model_type {config.get('model_type')!r} is not a "
+            "DeepSeek-V3-layout model (deepseek_v3, deepseek_v32); graft copies "
+            "model.layers.{num_hidden_layers + j}.* between such checkpoints (DeepSeek-V4's "
+            "mtp.{j}.* is not supported yet).")
+    if checkpoint.file_problems:
+        raise GraftError("\n".join(checkpoint.file_problems))
+    return checkpoint
 
 
 def _quantization(config: dict) -> dict:
@@ -72,25 +73,18 @@ def incompatibilities(source: dict, target: dict) -> list[str]:
     return out
 
 
-def mtp_tensors(model_dir: Path, config: dict) -> dict[str, dict]:
-    """``name -> header entry`` of the MTP-layer tensors a checkpoint holds."""
-    layout = LAYER_SPECS[config["model_type"]].layout(config)
-    tensors, problems = read_checkpoint(model_dir)
-    if problems:
-        raise GraftError("\n".join(problems))
-    return {name: info for name, info in tensors.items()
-            if (j := layout.layer_of(name)) is not None and j >= 0}
-
-
-def plan(source_dir: Path, target_dir: Path) -> tuple[dict, dict, dict[str, dict]]:
-    """Check SOURCE and TARGET; returns (source config, target config, tensors to copy)."""
-    source, target = read_config(source_dir, "SOURCE"), read_config(target_dir, "TARGET")
+def plan(source_dir: Path, target_dir: Path
+         ) -> tuple[TargetCheckpoint, TargetCheckpoint, dict[str, dict]]:
+    """Check SOURCE and TARGET; returns (source, target, the source tensors to copy)."""
+    source_ckpt = open_checkpoint(source_dir, "SOURCE")
+    target_ckpt = open_checkpoint(target_dir, "TARGET")
+    source, target = source_ckpt.config, target_ckpt.config
     layers = int(source.get("num_nextn_predict_layers") or 0)
     if layers == 0:
         raise GraftError(f"SOURCE {source_dir}: config.json declares no MTP layer "
                          "(num_nextn_predict_layers is 0 or absent); give the checkpoint the "
                          "layer comes from (e.g. the original, unquantized release).")
-    problems = mtp_problems(source_dir, source)
+    problems = tensor_problems(source_ckpt.tensors, source, source_dir)
     if problems:
         raise GraftError(f"SOURCE {source_dir}: its MTP layer(s) are not usable:\n"
                          + "\n".join(f"- {p}" for p in problems))
@@ -100,16 +94,15 @@ def plan(source_dir: Path, target_dir: Path) -> tuple[dict, dict, dict[str, dict
             f"SOURCE {source_dir} and TARGET {target_dir} are not the same architecture, so the "
             "layer would not fit:\n" + "\n".join(f"- {m}" for m in mismatched)
             + "\nGraft between checkpoints of one model (e.g. its original release and a copy).")
-    present = mtp_tensors(target_dir, target)
+    present = target_ckpt.mtp_tensors()
     if present:
         first = sorted(present)[0]
         raise GraftError(
             f"TARGET {target_dir} already has MTP-layer tensors ({len(present)}, e.g. {first} in "
             f"{present[first]['file']}); graft only into a checkpoint without them.")
-    wanted = mtp_tensors(source_dir, source)
-    layout = LAYER_SPECS[source["model_type"]].layout(source)
-    wanted = {n: i for n, i in wanted.items() if layout.layer_of(n) < layers}
-    return source, target, wanted
+    wanted = {n: i for n, i in source_ckpt.mtp_tensors().items()
+              if source_ckpt.layout.layer_of(n) < layers}
+    return source_ckpt, target_ckpt, wanted
 
 
 def _write_layer_shards(source_dir: Path, wanted: dict[str, dict], out: Path,
@@ -150,12 +143,12 @@ def graft(source_dir: str | Path, target_dir: str | Path, out_dir: str | Path,
         raise GraftError(f"--out {out} exists and is not empty; give a new directory.")
     source, target, wanted = plan(source_dir, target_dir)
     out.mkdir(parents=True, exist_ok=True)
-    quantized = bool(_quantization(target))
-    dtype = None if quantized else (target.get("torch_dtype") or target.get("dtype"))
+    quantized = bool(_quantization(target.config))
+    dtype = None if quantized else (target.config.get("torch_dtype") or target.config.get("dtype"))
     layer_map = _write_layer_shards(source_dir, wanted, out, dtype)
-    layers = int(source["num_nextn_predict_layers"])
+    layers = int(source.config["num_nextn_predict_layers"])
     try:
-        assemble(target_dir, target, out, layer_map, layers, copy)
+        assemble(target, out, layer_map, layers, copy)
     except CheckpointWriteError as exc:
         raise GraftError(str(exc)) from exc
     return {"out": str(out), "mtp_layers": layers, "tensors": len(layer_map),

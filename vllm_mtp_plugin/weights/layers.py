@@ -27,7 +27,7 @@ def _always(config: dict) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class TensorSpec:
+class TensorDescription:
     """One tensor of an MTP layer.
 
     ``own``: the MTP layer's own (fusion, head norm, ...), not its decoder block's.
@@ -58,7 +58,7 @@ class TensorSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class LayerSpec:
+class LayerDescription:
     """A checkpoint format's MTP layer, independent of any one config.
 
     ``prefix_format``: a layer's prefix, ``{}`` being the index the checkpoint writes;
@@ -73,7 +73,7 @@ class LayerSpec:
     layer_pattern: str
     first_index: Callable[[dict], int]
     expert_projections: tuple[str, str, str]
-    tensors: tuple[TensorSpec, ...]
+    tensors: tuple[TensorDescription, ...]
 
     def own_modules(self) -> tuple[str, ...]:
         """The MTP layer's own tensors that are loaded (optional ones included)."""
@@ -87,29 +87,29 @@ class LayerSpec:
 
 
 class Layout:
-    """A ``LayerSpec`` under one config.json: where MTP layer ``j`` is and what it must hold."""
+    """A ``LayerDescription`` under one config.json: where MTP layer ``j`` is and what it must hold."""
 
-    def __init__(self, spec: LayerSpec, config: dict):
-        self.spec, self.config = spec, config
-        self.name = spec.naming
-        self.first = spec.first_index(config)
-        self.tensors = tuple(t for t in spec.tensors if t.when(config))
+    def __init__(self, description: LayerDescription, config: dict):
+        self.description, self.config = description, config
+        self.name = description.naming
+        self.first = description.first_index(config)
+        self.tensors = tuple(t for t in description.tensors if t.when(config))
         self.num_experts = int(config.get("n_routed_experts") or 0)
         self._patterns = [(t, re.compile(_pattern(t))) for t in self.tensors]
 
     def prefix(self, j: int) -> str:
-        return self.spec.prefix_format.format(self.first + j)
+        return self.description.prefix_format.format(self.first + j)
 
     def layer_of(self, name: str) -> int | None:
         """MTP layer ``j`` of a tensor name (negative: a main layer), ``None``: not a layer's."""
-        m = re.match(self.spec.layer_pattern, name)
+        m = re.match(self.description.layer_pattern, name)
         return None if m is None else int(m.group("idx")) - self.first
 
     def own(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tensors if t.own and not t.shared)
 
-    def required(self, j: int) -> list[tuple[str, TensorSpec]]:
-        """Every tensor MTP layer ``j`` must hold (routed experts expanded): full name, spec."""
+    def required(self, j: int) -> list[tuple[str, TensorDescription]]:
+        """Every tensor MTP layer ``j`` must hold (routed experts expanded): full name, description."""
         names = []
         for t in self.tensors:
             if t.optional or t.shared:
@@ -121,7 +121,7 @@ class Layout:
     def shapes(self, j: int) -> dict[str, tuple[int, ...]]:
         return {self.prefix(j) + t.name: t.shape(self.config) for t in self.tensors if t.shape}
 
-    def entry_of(self, j: int, name: str) -> tuple[TensorSpec, int | None, bool] | None:
+    def entry_of(self, j: int, name: str) -> tuple[TensorDescription, int | None, bool] | None:
         """``(tensor, expert or None, stored quantized)`` for a tensor name of MTP layer ``j``, or
         ``None`` when this description has no such tensor."""
         relative = name.removeprefix(self.prefix(j))
@@ -133,7 +133,7 @@ class Layout:
         return None
 
 
-def _pattern(t: TensorSpec) -> str:
+def _pattern(t: TensorDescription) -> str:
     escaped = re.escape(t.name).replace(re.escape("{e}"), r"(?P<e>\d+)")
     if not t.quantizable:
         return escaped
@@ -168,15 +168,15 @@ def _shared_experts(config: dict) -> bool:
     return _moe(config) and bool(config.get("n_shared_experts"))
 
 
-def _linear(name: str, **kwargs) -> TensorSpec:
-    return TensorSpec(name, quantizable=True, **kwargs)
+def _linear(name: str, **kwargs) -> TensorDescription:
+    return TensorDescription(name, quantizable=True, **kwargs)
 
 
-def _mlp(prefix: str, gate: str, up: str, down: str, when) -> tuple[TensorSpec, ...]:
+def _mlp(prefix: str, gate: str, up: str, down: str, when) -> tuple[TensorDescription, ...]:
     return tuple(_linear(f"{prefix}.{p}.weight", when=when) for p in (gate, up, down))
 
 
-V3_LAYER = LayerSpec(
+V3_LAYER = LayerDescription(
     model_type="deepseek_v3",
     naming="deepseek_v3 (Hugging Face)",
     prefix_format="model.layers.{}.",
@@ -184,29 +184,29 @@ V3_LAYER = LayerSpec(
     first_index=lambda config: config["num_hidden_layers"],
     expert_projections=("gate_proj", "up_proj", "down_proj"),
     tensors=(
-        TensorSpec("enorm.weight", own=True, shape=_hidden),
-        TensorSpec("hnorm.weight", own=True, shape=_hidden),
+        TensorDescription("enorm.weight", own=True, shape=_hidden),
+        TensorDescription("hnorm.weight", own=True, shape=_hidden),
         # Built without the quantization config: DeepSeek ships eh_proj unquantized.
-        TensorSpec("eh_proj.weight", own=True,
+        TensorDescription("eh_proj.weight", own=True,
                    shape=lambda c: (c["hidden_size"], 2 * c["hidden_size"])),
-        TensorSpec("shared_head.norm.weight", own=True, shape=_hidden),
+        TensorDescription("shared_head.norm.weight", own=True, shape=_hidden),
         # Rotation-quantised exports (Ascend modelslim): a top-level ``rot.weight`` the drafter
         # loads into its first MTP layer under this name (``models/v3.py``).
-        TensorSpec("rot.weight", own=True, optional=True),
-        TensorSpec("embed_tokens.weight", own=True, optional=True, shared=True),
-        TensorSpec("shared_head.head.weight", own=True, optional=True, shared=True),
-        TensorSpec("input_layernorm.weight"),
-        TensorSpec("post_attention_layernorm.weight"),
+        TensorDescription("rot.weight", own=True, optional=True),
+        TensorDescription("embed_tokens.weight", own=True, optional=True, shared=True),
+        TensorDescription("shared_head.head.weight", own=True, optional=True, shared=True),
+        TensorDescription("input_layernorm.weight"),
+        TensorDescription("post_attention_layernorm.weight"),
         _linear("self_attn.q_a_proj.weight", when=_q_lora),
-        TensorSpec("self_attn.q_a_layernorm.weight", when=_q_lora),
+        TensorDescription("self_attn.q_a_layernorm.weight", when=_q_lora),
         _linear("self_attn.q_b_proj.weight", when=_q_lora),
         _linear("self_attn.q_proj.weight", when=lambda c: not _q_lora(c)),
         _linear("self_attn.kv_a_proj_with_mqa.weight"),
-        TensorSpec("self_attn.kv_a_layernorm.weight"),
+        TensorDescription("self_attn.kv_a_layernorm.weight"),
         _linear("self_attn.kv_b_proj.weight"),
         _linear("self_attn.o_proj.weight"),
-        TensorSpec("mlp.gate.weight", when=_moe),
-        TensorSpec("mlp.gate.e_score_correction_bias", optional=True, when=_moe),
+        TensorDescription("mlp.gate.weight", when=_moe),
+        TensorDescription("mlp.gate.e_score_correction_bias", optional=True, when=_moe),
         *_mlp("mlp.experts.{e}", "gate_proj", "up_proj", "down_proj", _moe),
         *_mlp("mlp.shared_experts", "gate_proj", "up_proj", "down_proj", _shared_experts),
         *_mlp("mlp", "gate_proj", "up_proj", "down_proj", lambda c: not _moe(c)),
@@ -223,13 +223,13 @@ V32_LAYER = dataclasses.replace(
     tensors=V3_LAYER.tensors + (
         _linear("self_attn.indexer.wq_b.weight"),
         _linear("self_attn.indexer.wk.weight"),
-        TensorSpec("self_attn.indexer.k_norm.weight"),
-        TensorSpec("self_attn.indexer.k_norm.bias"),
-        TensorSpec("self_attn.indexer.weights_proj.weight"),
+        TensorDescription("self_attn.indexer.k_norm.weight"),
+        TensorDescription("self_attn.indexer.k_norm.bias"),
+        TensorDescription("self_attn.indexer.weights_proj.weight"),
     ),
 )
 
-V4_LAYER = LayerSpec(
+V4_LAYER = LayerDescription(
     model_type="deepseek_v4",
     naming="deepseek_v4 (DeepSeek naming)",
     prefix_format="mtp.{}.",
@@ -237,34 +237,34 @@ V4_LAYER = LayerSpec(
     first_index=lambda config: 0,
     expert_projections=("w1", "w3", "w2"),
     tensors=(
-        TensorSpec("enorm.weight", own=True, shape=_hidden),
-        TensorSpec("hnorm.weight", own=True, shape=_hidden),
+        TensorDescription("enorm.weight", own=True, shape=_hidden),
+        TensorDescription("hnorm.weight", own=True, shape=_hidden),
         _linear("e_proj.weight", own=True),
         _linear("h_proj.weight", own=True),
-        TensorSpec("norm.weight", own=True, shape=_hidden),
-        TensorSpec("hc_head_fn", own=True),
-        TensorSpec("hc_head_base", own=True),
-        TensorSpec("hc_head_scale", own=True),
-        TensorSpec("emb.tok_emb.weight", own=True, optional=True, shared=True),
-        TensorSpec("head.weight", own=True, optional=True, shared=True),
-        TensorSpec("attn_norm.weight"),
-        TensorSpec("ffn_norm.weight"),
+        TensorDescription("norm.weight", own=True, shape=_hidden),
+        TensorDescription("hc_head_fn", own=True),
+        TensorDescription("hc_head_base", own=True),
+        TensorDescription("hc_head_scale", own=True),
+        TensorDescription("emb.tok_emb.weight", own=True, optional=True, shared=True),
+        TensorDescription("head.weight", own=True, optional=True, shared=True),
+        TensorDescription("attn_norm.weight"),
+        TensorDescription("ffn_norm.weight"),
         _linear("attn.wq_a.weight"),
-        TensorSpec("attn.q_norm.weight"),
+        TensorDescription("attn.q_norm.weight"),
         _linear("attn.wq_b.weight"),
         _linear("attn.wkv.weight"),
-        TensorSpec("attn.kv_norm.weight"),
+        TensorDescription("attn.kv_norm.weight"),
         _linear("attn.wo_a.weight"),
         _linear("attn.wo_b.weight"),
-        TensorSpec("attn.attn_sink"),
-        TensorSpec("ffn.gate.weight"),
+        TensorDescription("attn.attn_sink"),
+        TensorDescription("ffn.gate.weight"),
         # Absent where the block routes by hash (``tid2eid``); DeepSeek-V4-Flash's MTP block has it.
-        TensorSpec("ffn.gate.bias", optional=True),
+        TensorDescription("ffn.gate.bias", optional=True),
         *_mlp("ffn.experts.{e}", "w1", "w3", "w2", _always),
         *_mlp("ffn.shared_experts", "w1", "w3", "w2", lambda c: bool(c.get("n_shared_experts"))),
-        *(TensorSpec(f"hc_{sub}_{part}") for sub in ("attn", "ffn")
+        *(TensorDescription(f"hc_{sub}_{part}") for sub in ("attn", "ffn")
           for part in ("fn", "base", "scale")),
     ),
 )
 
-LAYER_SPECS = {spec.model_type: spec for spec in (V3_LAYER, V32_LAYER, V4_LAYER)}
+LAYER_DESCRIPTIONS = {description.model_type: description for description in (V3_LAYER, V32_LAYER, V4_LAYER)}

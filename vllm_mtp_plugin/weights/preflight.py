@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .headers import checkpoint_files, read_checkpoint
-from .layers import DSPARK_MARKERS, LAYER_SPECS, V4_LAYER, Layout, stored
+from .layers import DSPARK_MARKERS, LAYER_DESCRIPTIONS, V4_LAYER, Layout, stored
 from .loader import CheckpointError, dspark_drafter, no_mtp_tensors
 
 # The dtypes of the safetensors format that torch and vLLM's loader can represent.
@@ -23,8 +23,8 @@ LOADABLE_DTYPES = frozenset({"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I6
 
 def layout_for(config: dict) -> Layout | None:
     """What config.json's MTP layers must contain (``layers.py``), ``None`` for other models."""
-    spec = LAYER_SPECS.get(config.get("model_type"))
-    return None if spec is None else spec.layout(config)
+    description = LAYER_DESCRIPTIONS.get(config.get("model_type"))
+    return None if description is None else description.layout(config)
 
 
 def mtp_problems(model_dir: str | Path, config: dict) -> list[str]:
@@ -104,7 +104,7 @@ def _looks_like_dspark(layout: Layout, j: int, names: set[str]) -> bool:
     if any(name.removeprefix(prefix).split(".")[0] in DSPARK_MARKERS for name in names):
         return True
     # V4's only: a V3 layer without its norms is merely incomplete.
-    return layout.spec is V4_LAYER and not {prefix + "enorm.weight", prefix + "hnorm.weight"} & names
+    return layout.description is V4_LAYER and not {prefix + "enorm.weight", prefix + "hnorm.weight"} & names
 
 
 def _incomplete(layout, j, names, tensors, config, model_dir) -> list[str]:
@@ -145,7 +145,7 @@ def check_before_engine_start(hf_config) -> None:
     """
     config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
     model_dir = Path(str(getattr(hf_config, "name_or_path", "") or ""))
-    if config.get("model_type") not in LAYER_SPECS or not (model_dir / "config.json").is_file():
+    if config.get("model_type") not in LAYER_DESCRIPTIONS or not (model_dir / "config.json").is_file():
         return
     problems = mtp_problems(model_dir, config)
     if problems:

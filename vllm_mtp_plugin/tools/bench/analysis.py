@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..metrics import SpecDecodeCounters
+from ..engine.metrics import SpecDecodeCounters
 from .plausibility import row_problems
 
 

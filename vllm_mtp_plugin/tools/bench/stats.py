@@ -42,7 +42,7 @@ def comparison(a: tuple[float, float] | None, b: tuple[float, float] | None) -> 
 def distinct_drafts(row: dict) -> tuple[float, list[float]]:
     """A bench row's drafts and accepted per position counted once, not once per engine process
     and pass (each replays the same requests)."""
-    spec = row.get("spec_decode") or {}
+    counters = row.get("spec_decode") or {}
     replays = max(1, int(row.get("processes") or 1)) * max(1, int(row.get("repeats") or 1))
-    return ((spec.get("num_drafts") or 0) / replays,
-            [a / replays for a in spec.get("accepted_per_position") or []])
+    return ((counters.get("num_drafts") or 0) / replays,
+            [a / replays for a in counters.get("accepted_per_position") or []])

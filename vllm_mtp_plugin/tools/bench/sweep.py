@@ -73,9 +73,9 @@ class Config:
                 "rejection_sample_method": self.rejection_sample_method if self.k else None}
 
     def verify_env(self) -> dict[str, str]:
-        """The engine's switch for the plugin's ``mla_verify_as_decode`` patch (``mla_verify.py``):
-        "off" runs vLLM's own verification path."""
-        from ...mla_verify import SWITCH
+        """The engine's switch for the plugin's ``mla_verify_as_decode`` patch
+        (``patches/mla_verify.py``): "off" runs vLLM's own verification path."""
+        from ...patches.mla_verify import SWITCH
 
         return {SWITCH: "0"} if self.mla_verify == "off" else {}
 

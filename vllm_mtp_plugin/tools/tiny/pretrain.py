@@ -19,31 +19,23 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..train.optim import ExpertLoadBalancer, OptimizerSettings, learning_rate
+
 
 @dataclasses.dataclass
-class TrainSettings:
-    # The shipped model's settings: ~9.8 M tokens (about 3 passes over the corpus), about 45
-    # minutes on a 2-core CPU.
-    steps: int = 2400
+class PretrainSettings(OptimizerSettings):
+    """The shipped model's run: ~9.8 M tokens (about 3 passes over the corpus), about 45 minutes
+    on a 2-core CPU (``vllm-mtp train``'s ``OptimizerSettings`` with these defaults)."""
+
     batch_size: int = 16
-    seq_len: int = 256
     learning_rate: float = 3e-3
     warmup_steps: int = 100
     weight_decay: float = 0.01
-    mtp_weight: float = 0.3  # λ of DeepSeek-V3's MTP loss (0.3 early in its training)
-    bias_update_speed: float = 0.001  # γ of DeepSeek-V3's expert balancing (0.001 in its report)
-    seed: int = 0
     eval_every: int = 250
+    steps: int = 2400
+    seq_len: int = 256
+    mtp_weight: float = 0.3  # λ of DeepSeek-V3's MTP loss (0.3 early in its training)
     eval_tokens: int = 16384  # held-out tokens per kind for the periodic evaluation
-
-
-def hf_model_config(config_json: dict):
-    """transformers' ``DeepseekV3Config`` for the checkpoint's config.json (the same numbers)."""
-    from transformers import DeepseekV3Config
-
-    fields = {k: v for k, v in config_json.items()
-              if k not in ("architectures", "model_type", "torch_dtype", "dtype")}
-    return DeepseekV3Config(**fields)
 
 
 class TargetWithMtp(torch.nn.Module):
@@ -86,31 +78,6 @@ class TargetWithMtp(torch.nn.Module):
         return {"main": main, "mtp": mtp}
 
 
-class ExpertLoadBalancer:
-    """DeepSeek-V3's auxiliary-loss-free balancing (report §2.1.2): after each step, every
-    router's ``e_score_correction_bias`` moves by ``speed`` towards the experts that got fewer
-    tokens than the mean in that step. The bias only steers the choice of experts, not their
-    weights, exactly as vLLM applies it when serving."""
-
-    def __init__(self, model: torch.nn.Module, speed: float):
-        self.speed = speed
-        self.loads: dict[torch.nn.Module, torch.Tensor] = {}
-        self.routers = [m for m in model.modules() if hasattr(m, "e_score_correction_bias")]
-        for router in self.routers:
-            router.register_forward_hook(self._count)
-
-    def _count(self, router, args, output) -> None:
-        chosen = output[-1]  # the router returns (logits, weights, expert indices)
-        load = torch.bincount(chosen.flatten(), minlength=router.e_score_correction_bias.numel())
-        self.loads[router] = self.loads.get(router, 0) + load
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for router, load in self.loads.items():
-            router.e_score_correction_bias += self.speed * torch.sign(load.float().mean() - load)
-        self.loads.clear()
-
-
 def windows(tokens: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
     starts = torch.randint(0, tokens.numel() - length - 1, (batch,), generator=gen)
     return torch.stack([tokens[s:s + length] for s in starts.tolist()])
@@ -137,16 +104,8 @@ def evaluate(model: TargetWithMtp, tokens: torch.Tensor, seq_len: int, max_token
             "mtp_top1_accuracy": sums["mtp_correct"] / sums["mtp_count"], "tokens": n * seq_len}
 
 
-def learning_rate(step: int, settings: TrainSettings) -> float:
-    """Linear warm-up, then cosine decay to a tenth."""
-    if step < settings.warmup_steps:
-        return settings.learning_rate * (step + 1) / settings.warmup_steps
-    done = (step - settings.warmup_steps) / max(1, settings.steps - settings.warmup_steps)
-    return settings.learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, done))))
-
-
 def train(config, train_tokens: torch.Tensor, held_out: dict[str, torch.Tensor],
-          settings: TrainSettings, progress: bool = True) -> tuple[TargetWithMtp, dict]:
+          settings: PretrainSettings, progress: bool = True) -> tuple[TargetWithMtp, dict]:
     """Train from scratch; returns the model and the history (losses, evaluations, timings)."""
     from tqdm import tqdm
 
@@ -167,7 +126,7 @@ def train(config, train_tokens: torch.Tensor, held_out: dict[str, torch.Tensor],
     bar = tqdm(range(settings.steps), desc="training", disable=not progress, unit="step")
     for step in bar:
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, settings)
+            group["lr"] = learning_rate(step, settings, settings.steps)
         losses = model.losses(windows(train_tokens, settings.batch_size, settings.seq_len, gen))
         loss = losses["main"] + settings.mtp_weight * losses["mtp"]
         optimizer.zero_grad(set_to_none=True)

@@ -19,11 +19,12 @@ from pathlib import Path
 import torch
 
 from . import corpus
-from .pretrain import TrainSettings, hf_model_config, train
+from ..train.layers import transformers_config
+from .pretrain import PretrainSettings, train
 from .tokenizer import BOS, EOS, write_tokenizer
-from .v3 import TinySpec, hf_config
+from .v3 import TinyArch, hf_config
 
-SPEC = TinySpec(vocab_size=4096, hidden_size=256, intermediate_size=704, moe_intermediate_size=128,
+ARCH = TinyArch(vocab_size=4096, hidden_size=256, intermediate_size=704, moe_intermediate_size=128,
                 num_hidden_layers=4, num_nextn_predict_layers=1, num_attention_heads=4,
                 q_lora_rank=None, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
                 first_k_dense_replace=1, max_position_embeddings=2048)
@@ -62,7 +63,7 @@ def shipped_dir() -> Path:
 
 
 def config_json(dtype: str = "bfloat16", mtp_layers: int = 1) -> dict:
-    config = hf_config(SPEC, dtype)
+    config = hf_config(ARCH, dtype)
     config.update(ROUTER, num_nextn_predict_layers=mtp_layers)
     return config
 
@@ -83,7 +84,7 @@ def unigram_perplexity(train_tokens: torch.Tensor, tokens: torch.Tensor, vocab: 
     return math.exp(-logp[tokens].mean().item())
 
 
-def rebuild(out_dir: Path, cache_dir: Path, settings: TrainSettings | None = None,
+def rebuild(out_dir: Path, cache_dir: Path, settings: PretrainSettings | None = None,
             progress: bool = True) -> dict:
     """Train the model from scratch into ``out_dir`` (the shipped files); returns training.json."""
     from safetensors.torch import save_file
@@ -91,19 +92,19 @@ def rebuild(out_dir: Path, cache_dir: Path, settings: TrainSettings | None = Non
 
     from .export import checkpoint_tensors
 
-    settings = settings or TrainSettings()
+    settings = settings or PretrainSettings()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     docs = corpus.read_documents(corpus.fetch_sdist(cache_dir))
     train_docs = [d for d in docs if not d.held_out]
     random.Random(settings.seed).shuffle(train_docs)
-    write_tokenizer(out_dir, SPEC.vocab_size, (d.text for d in train_docs))
+    write_tokenizer(out_dir, ARCH.vocab_size, (d.text for d in train_docs))
     tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
     train_tokens = tokenize(tokenizer, train_docs)
     held_out = {kind: tokenize(tokenizer, [d for d in docs if d.held_out and d.kind == kind])
                 for kind in corpus.KINDS}
     config = config_json("float32")
-    model, history = train(hf_model_config(config), train_tokens, held_out, settings, progress)
+    model, history = train(transformers_config(config), train_tokens, held_out, settings, progress)
     save_file(checkpoint_tensors(model, torch.bfloat16), str(out_dir / "model.safetensors"),
               metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config_json(), indent=2))
@@ -115,7 +116,7 @@ def rebuild(out_dir: Path, cache_dir: Path, settings: TrainSettings | None = Non
         "settings": settings.__dict__,
         "parameters": sum(p.numel() for p in model.parameters()),
         "metrics": {kind: {**final[kind], "unigram_perplexity": unigram_perplexity(
-            train_tokens, held_out[kind], SPEC.vocab_size)} for kind in corpus.KINDS},
+            train_tokens, held_out[kind], ARCH.vocab_size)} for kind in corpus.KINDS},
         "history": history,
     }
     (out_dir / "training.json").write_text(json.dumps(record, indent=1))
@@ -172,9 +173,9 @@ def write_checkpoint(out_dir: Path, mtp_layers: int = 1, source: Path | None = N
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = load_file(str(source / "model.safetensors"))
-    mtp_prefix = f"model.layers.{SPEC.num_hidden_layers}."
+    mtp_prefix = f"model.layers.{ARCH.num_hidden_layers}."
     if mtp_layers:
-        tensors.update(shared_copies(tensors, SPEC.num_hidden_layers))
+        tensors.update(shared_copies(tensors, ARCH.num_hidden_layers))
     else:
         tensors = {k: v for k, v in tensors.items() if not k.startswith(mtp_prefix)}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})

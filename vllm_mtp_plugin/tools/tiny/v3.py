@@ -41,7 +41,7 @@ ROUTER_BIAS_STD = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
-class TinySpec:
+class TinyArch:
     """Shape of a tiny DeepSeek-V3 checkpoint. Layers below ``first_k_dense_replace`` are dense."""
 
     vocab_size: int = 2048
@@ -63,23 +63,23 @@ class TinySpec:
     max_position_embeddings: int = 2048
 
 
-PRESETS: dict[str, TinySpec] = {
+PRESETS: dict[str, TinyArch] = {
     # ~5 M parameters: tests and the demo.
-    "tiny": TinySpec(),
+    "tiny": TinyArch(),
     # ~70 M: dense main layers, MoE MTP layer.
-    "small": TinySpec(
+    "small": TinyArch(
         hidden_size=1024, intermediate_size=2816, moe_intermediate_size=704, num_hidden_layers=4,
         num_attention_heads=16, q_lora_rank=None, qk_nope_head_dim=64, v_head_dim=64,
         n_routed_experts=8, first_k_dense_replace=4,
     ),
     # ~400 M: where speculation pays off on a 2-core CPU (forward cost dominates scheduling).
-    "bench": TinySpec(
+    "bench": TinyArch(
         hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408, num_hidden_layers=8,
         num_attention_heads=16, q_lora_rank=None, qk_nope_head_dim=64, v_head_dim=64,
         n_routed_experts=8, first_k_dense_replace=8,
     ),
     # ~800 M: the bench shape with twice the layers, to show the trend with size.
-    "large": TinySpec(
+    "large": TinyArch(
         hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408, num_hidden_layers=16,
         num_attention_heads=16, q_lora_rank=None, qk_nope_head_dim=64, v_head_dim=64,
         n_routed_experts=8, first_k_dense_replace=16,
@@ -87,37 +87,37 @@ PRESETS: dict[str, TinySpec] = {
 }
 
 
-def hf_config(spec: TinySpec, dtype: str) -> dict:
+def hf_config(arch: TinyArch, dtype: str) -> dict:
     """The config.json of a DeepSeek-V3 checkpoint with this shape."""
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
-        "vocab_size": spec.vocab_size,
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size,
-        "moe_intermediate_size": spec.moe_intermediate_size,
-        "num_hidden_layers": spec.num_hidden_layers,
-        "num_nextn_predict_layers": spec.num_nextn_predict_layers,
-        "num_attention_heads": spec.num_attention_heads,
-        "num_key_value_heads": spec.num_attention_heads,
-        "q_lora_rank": spec.q_lora_rank,
-        "kv_lora_rank": spec.kv_lora_rank,
-        "qk_rope_head_dim": spec.qk_rope_head_dim,
-        "qk_nope_head_dim": spec.qk_nope_head_dim,
-        "v_head_dim": spec.v_head_dim,
-        "n_routed_experts": spec.n_routed_experts,
-        "n_shared_experts": spec.n_shared_experts,
-        "num_experts_per_tok": spec.num_experts_per_tok,
+        "vocab_size": arch.vocab_size,
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.intermediate_size,
+        "moe_intermediate_size": arch.moe_intermediate_size,
+        "num_hidden_layers": arch.num_hidden_layers,
+        "num_nextn_predict_layers": arch.num_nextn_predict_layers,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_attention_heads,
+        "q_lora_rank": arch.q_lora_rank,
+        "kv_lora_rank": arch.kv_lora_rank,
+        "qk_rope_head_dim": arch.qk_rope_head_dim,
+        "qk_nope_head_dim": arch.qk_nope_head_dim,
+        "v_head_dim": arch.v_head_dim,
+        "n_routed_experts": arch.n_routed_experts,
+        "n_shared_experts": arch.n_shared_experts,
+        "num_experts_per_tok": arch.num_experts_per_tok,
         "n_group": 1,
         "topk_group": 1,
         "topk_method": "noaux_tc",
         "scoring_func": "sigmoid",
         "norm_topk_prob": True,
         "routed_scaling_factor": 1.0,
-        "first_k_dense_replace": spec.first_k_dense_replace,
+        "first_k_dense_replace": arch.first_k_dense_replace,
         "moe_layer_freq": 1,
         "hidden_act": "silu",
-        "max_position_embeddings": spec.max_position_embeddings,
+        "max_position_embeddings": arch.max_position_embeddings,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
         "rope_scaling": None,
@@ -148,26 +148,26 @@ class _Init:
         return lo + (hi - lo) * torch.rand(n, generator=self.gen)
 
 
-def block_tensors(spec: TinySpec, prefix: str, moe: bool, init: _Init) -> dict[str, torch.Tensor]:
+def block_tensors(arch: TinyArch, prefix: str, moe: bool, init: _Init) -> dict[str, torch.Tensor]:
     """One DeepSeek decoder block (MLA attention + dense MLP or MoE) under HF names."""
-    h, heads = spec.hidden_size, spec.num_attention_heads
-    qk_head = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+    h, heads = arch.hidden_size, arch.num_attention_heads
+    qk_head = arch.qk_nope_head_dim + arch.qk_rope_head_dim
     t = {
         f"{prefix}.input_layernorm.weight": init.gain(h),
         f"{prefix}.post_attention_layernorm.weight": init.gain(h),
         f"{prefix}.self_attn.kv_a_proj_with_mqa.weight": init.normal(
-            spec.kv_lora_rank + spec.qk_rope_head_dim, h
+            arch.kv_lora_rank + arch.qk_rope_head_dim, h
         ),
-        f"{prefix}.self_attn.kv_a_layernorm.weight": init.gain(spec.kv_lora_rank),
+        f"{prefix}.self_attn.kv_a_layernorm.weight": init.gain(arch.kv_lora_rank),
         f"{prefix}.self_attn.kv_b_proj.weight": init.normal(
-            heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank
+            heads * (arch.qk_nope_head_dim + arch.v_head_dim), arch.kv_lora_rank
         ),
-        f"{prefix}.self_attn.o_proj.weight": init.small(h, heads * spec.v_head_dim),
+        f"{prefix}.self_attn.o_proj.weight": init.small(h, heads * arch.v_head_dim),
     }
-    if spec.q_lora_rank:
-        t[f"{prefix}.self_attn.q_a_proj.weight"] = init.normal(spec.q_lora_rank, h)
-        t[f"{prefix}.self_attn.q_a_layernorm.weight"] = init.gain(spec.q_lora_rank)
-        t[f"{prefix}.self_attn.q_b_proj.weight"] = init.normal(heads * qk_head, spec.q_lora_rank)
+    if arch.q_lora_rank:
+        t[f"{prefix}.self_attn.q_a_proj.weight"] = init.normal(arch.q_lora_rank, h)
+        t[f"{prefix}.self_attn.q_a_layernorm.weight"] = init.gain(arch.q_lora_rank)
+        t[f"{prefix}.self_attn.q_b_proj.weight"] = init.normal(heads * qk_head, arch.q_lora_rank)
     else:
         t[f"{prefix}.self_attn.q_proj.weight"] = init.normal(heads * qk_head, h)
 
@@ -177,23 +177,23 @@ def block_tensors(spec: TinySpec, prefix: str, moe: bool, init: _Init) -> dict[s
         t[f"{p}.down_proj.weight"] = init.small(h, inter)
 
     if not moe:
-        mlp(f"{prefix}.mlp", spec.intermediate_size)
+        mlp(f"{prefix}.mlp", arch.intermediate_size)
         return t
-    t[f"{prefix}.mlp.gate.weight"] = init.normal(spec.n_routed_experts, h)
-    t[f"{prefix}.mlp.gate.e_score_correction_bias"] = init.normal(spec.n_routed_experts,
+    t[f"{prefix}.mlp.gate.weight"] = init.normal(arch.n_routed_experts, h)
+    t[f"{prefix}.mlp.gate.e_score_correction_bias"] = init.normal(arch.n_routed_experts,
                                                                   std=ROUTER_BIAS_STD)
-    for e in range(spec.n_routed_experts):
-        mlp(f"{prefix}.mlp.experts.{e}", spec.moe_intermediate_size)
-    if spec.n_shared_experts:
-        mlp(f"{prefix}.mlp.shared_experts", spec.moe_intermediate_size * spec.n_shared_experts)
+    for e in range(arch.n_routed_experts):
+        mlp(f"{prefix}.mlp.experts.{e}", arch.moe_intermediate_size)
+    if arch.n_shared_experts:
+        mlp(f"{prefix}.mlp.shared_experts", arch.moe_intermediate_size * arch.n_shared_experts)
     return t
 
 
-def successor_permutation(spec: TinySpec, gen: torch.Generator) -> torch.Tensor:
+def successor_permutation(arch: TinyArch, gen: torch.Generator) -> torch.Tensor:
     """``succ[t]``: the token an oracle target emits after ``t``. Never a special token."""
     n_special = len(SPECIAL_TOKENS)
-    regular = torch.arange(n_special, spec.vocab_size)
-    succ = torch.empty(spec.vocab_size, dtype=torch.long)
+    regular = torch.arange(n_special, arch.vocab_size)
+    succ = torch.empty(arch.vocab_size, dtype=torch.long)
     succ[regular] = regular[torch.randperm(len(regular), generator=gen)]
     succ[:n_special] = succ[regular[:n_special]]
     return succ
@@ -203,7 +203,7 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
-def oracle_embedding_and_head(spec: TinySpec, gen: torch.Generator,
+def oracle_embedding_and_head(arch: TinyArch, gen: torch.Generator,
                               final_gain: torch.Tensor | None = None):
     """Embedding ``E`` and head ``W`` with ``argmax(W @ (g * rms(E[t]))) == succ[t]`` by a wide margin.
 
@@ -211,12 +211,12 @@ def oracle_embedding_and_head(spec: TinySpec, gen: torch.Generator,
     out, so the logit of the right token is ``rms(E[t]) . rms(E[t]) / sqrt(H)`` whatever the gain.
     """
     n_special = len(SPECIAL_TOKENS)
-    succ = successor_permutation(spec, gen)
-    embed = torch.randn(spec.vocab_size, spec.hidden_size, generator=gen)
+    succ = successor_permutation(arch, gen)
+    embed = torch.randn(arch.vocab_size, arch.hidden_size, generator=gen)
     embed[:n_special] = embed[n_special : 2 * n_special]  # specials behave like regular tokens
-    head = torch.randn(spec.vocab_size, spec.hidden_size, generator=gen) * 0.01
-    regular = torch.arange(n_special, spec.vocab_size)
-    rows = _rms(embed[regular]) / spec.hidden_size**0.5
+    head = torch.randn(arch.vocab_size, arch.hidden_size, generator=gen) * 0.01
+    regular = torch.arange(n_special, arch.vocab_size)
+    rows = _rms(embed[regular]) / arch.hidden_size**0.5
     head[succ[regular]] = rows if final_gain is None else rows / final_gain
     return embed, head, succ
 
@@ -257,24 +257,24 @@ def calibrate_noise(embed, head, succ, mix, target: float,
     return (lo + hi) / 2
 
 
-def build_tensors(spec: TinySpec, mode: str, seed: int, acceptance: float):
+def build_tensors(arch: TinyArch, mode: str, seed: int, acceptance: float):
     """All checkpoint tensors plus a metadata dict (mode, noise alpha, expected acceptance)."""
     if mode not in MODES:
         raise ValueError(f"unknown tiny checkpoint mode {mode!r}; choose one of {MODES}")
     gen = torch.Generator().manual_seed(seed)
-    h = spec.hidden_size
+    h = arch.hidden_size
     init = _Init(seed + 1, RESIDUAL_SCALE if mode != "random" else 0.02)
     gains = _Init(seed + 2, 0.0)  # the final norm and the MTP layers' own norms
     meta: dict = {"mode": mode, "seed": seed}
     final_gain = gains.gain(h)
-    mtp_gains = [(gains.gain(h), gains.gain(h)) for _ in range(spec.num_nextn_predict_layers)]
+    mtp_gains = [(gains.gain(h), gains.gain(h)) for _ in range(arch.num_nextn_predict_layers)]
     if mode == "random":
-        embed, head = init.normal(spec.vocab_size, h), init.normal(spec.vocab_size, h)
+        embed, head = init.normal(arch.vocab_size, h), init.normal(arch.vocab_size, h)
         eh_proj = init.normal(h, 2 * h)
         eh_projs = [eh_proj.clone() for _ in mtp_gains]
         head_gains = [gains.gain(h) for _ in mtp_gains]
     else:
-        embed, head, succ = oracle_embedding_and_head(spec, gen, final_gain)
+        embed, head, succ = oracle_embedding_and_head(arch, gen, final_gain)
         mix = torch.randn(h, h, generator=gen) / h**0.5
         alpha = 0.0
         if mode == "noisy":
@@ -288,12 +288,12 @@ def build_tensors(spec: TinySpec, mode: str, seed: int, acceptance: float):
 
     tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": final_gain,
                "lm_head.weight": head}
-    for i in range(spec.num_hidden_layers):
-        moe = i >= spec.first_k_dense_replace
-        tensors.update(block_tensors(spec, f"model.layers.{i}", moe, init))
-    for j in range(spec.num_nextn_predict_layers):
-        p = f"model.layers.{spec.num_hidden_layers + j}"
-        tensors.update(block_tensors(spec, p, True, init))
+    for i in range(arch.num_hidden_layers):
+        moe = i >= arch.first_k_dense_replace
+        tensors.update(block_tensors(arch, f"model.layers.{i}", moe, init))
+    for j in range(arch.num_nextn_predict_layers):
+        p = f"model.layers.{arch.num_hidden_layers + j}"
+        tensors.update(block_tensors(arch, p, True, init))
         tensors.update({
             f"{p}.enorm.weight": mtp_gains[j][0].clone(),
             f"{p}.hnorm.weight": mtp_gains[j][1].clone(),
@@ -305,7 +305,7 @@ def build_tensors(spec: TinySpec, mode: str, seed: int, acceptance: float):
     return tensors, meta
 
 
-def build_checkpoint(out_dir: str | Path, preset: str | TinySpec = "tiny", mode: str = "oracle",
+def build_checkpoint(out_dir: str | Path, preset: str | TinyArch = "tiny", mode: str = "oracle",
                      seed: int = 0, acceptance: float = 0.7, dtype: str = "float32",
                      **overrides) -> Path:
     """Write config.json, tokenizer files, model.safetensors and tiny_meta.json into ``out_dir``.
@@ -314,19 +314,19 @@ def build_checkpoint(out_dir: str | Path, preset: str | TinySpec = "tiny", mode:
     """
     from safetensors.torch import save_file
 
-    spec = PRESETS[preset] if isinstance(preset, str) else preset
-    spec = dataclasses.replace(spec, **overrides)
+    arch = PRESETS[preset] if isinstance(preset, str) else preset
+    arch = dataclasses.replace(arch, **overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors, meta = build_tensors(spec, mode, seed, acceptance)
+    tensors, meta = build_tensors(arch, mode, seed, acceptance)
     torch_dtype = getattr(torch, dtype)
     # Router bias stays fp32, as in DeepSeek's releases (vLLM allocates it in fp32).
     tensors = {k: v.contiguous() if k.endswith("e_score_correction_bias")
                else v.to(torch_dtype).contiguous() for k, v in tensors.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_config(spec, dtype), indent=2))
-    write_tokenizer(out, spec.vocab_size)
-    meta.update(spec=dataclasses.asdict(spec), dtype=dtype,
+    (out / "config.json").write_text(json.dumps(hf_config(arch, dtype), indent=2))
+    write_tokenizer(out, arch.vocab_size)
+    meta.update(arch=dataclasses.asdict(arch), dtype=dtype,
                 parameters=sum(v.numel() for v in tensors.values()))
     (out / "tiny_meta.json").write_text(json.dumps(meta, indent=2))
     return out

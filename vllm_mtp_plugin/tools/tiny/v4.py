@@ -39,20 +39,16 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint.quantize import FP8_BLOCK, quantize_fp4, quantize_fp8_blocks
 from . import CONSTRUCTED_MODES
 from .tokenizer import write_tokenizer
 from .v3 import calibrate_noise, first_position_acceptance, oracle_embedding_and_head
 
 MODES = CONSTRUCTED_MODES
-FP8_BLOCK = 128
-FP4_GROUP = 32
-FP8_MAX = 448.0
-# The magnitudes FP4 (e2m1) can hold; the code of a value is its index (sign in bit 3).
-FP4_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
 @dataclasses.dataclass(frozen=True)
-class TinyV4Spec:
+class TinyV4Arch:
     """Shape of a tiny DeepSeek-V4 checkpoint (head_dim 512 / rope 64 as the V4 kernels expect)."""
 
     vocab_size: int = 2048
@@ -78,29 +74,29 @@ class TinyV4Spec:
     max_position_embeddings: int = 2048
 
 
-def hf_config(spec: TinyV4Spec, quantization: str | None, expert_dtype: str) -> dict:
+def hf_config(arch: TinyV4Arch, quantization: str | None, expert_dtype: str) -> dict:
     """config.json of a DeepSeek-V4 checkpoint with this shape (fields as in V4-Flash)."""
     config = {
         "architectures": ["DeepseekV4ForCausalLM"],
         "model_type": "deepseek_v4",
-        "vocab_size": spec.vocab_size,
-        "hidden_size": spec.hidden_size,
-        "num_hidden_layers": spec.num_hidden_layers,
-        "num_nextn_predict_layers": spec.num_nextn_predict_layers,
-        "num_attention_heads": spec.num_attention_heads,
+        "vocab_size": arch.vocab_size,
+        "hidden_size": arch.hidden_size,
+        "num_hidden_layers": arch.num_hidden_layers,
+        "num_nextn_predict_layers": arch.num_nextn_predict_layers,
+        "num_attention_heads": arch.num_attention_heads,
         "num_key_value_heads": 1,
-        "head_dim": spec.head_dim,
-        "qk_rope_head_dim": spec.qk_rope_head_dim,
-        "q_lora_rank": spec.q_lora_rank,
-        "o_groups": spec.o_groups,
-        "o_lora_rank": spec.o_lora_rank,
-        "hc_mult": spec.hc_mult,
+        "head_dim": arch.head_dim,
+        "qk_rope_head_dim": arch.qk_rope_head_dim,
+        "q_lora_rank": arch.q_lora_rank,
+        "o_groups": arch.o_groups,
+        "o_lora_rank": arch.o_lora_rank,
+        "hc_mult": arch.hc_mult,
         "hc_eps": 1e-6,
-        "hc_sinkhorn_iters": spec.hc_sinkhorn_iters,
-        "n_routed_experts": spec.n_routed_experts,
-        "n_shared_experts": spec.n_shared_experts,
-        "num_experts_per_tok": spec.num_experts_per_tok,
-        "moe_intermediate_size": spec.moe_intermediate_size,
+        "hc_sinkhorn_iters": arch.hc_sinkhorn_iters,
+        "n_routed_experts": arch.n_routed_experts,
+        "n_shared_experts": arch.n_shared_experts,
+        "num_experts_per_tok": arch.num_experts_per_tok,
+        "moe_intermediate_size": arch.moe_intermediate_size,
         "num_hash_layers": 0,
         "norm_topk_prob": True,
         "routed_scaling_factor": 1.0,
@@ -108,17 +104,17 @@ def hf_config(spec: TinyV4Spec, quantization: str | None, expert_dtype: str) -> 
         "topk_method": "noaux_tc",
         "swiglu_limit": 10.0,
         "hidden_act": "silu",
-        "sliding_window": spec.sliding_window,
-        "index_n_heads": spec.index_n_heads,
-        "index_head_dim": spec.index_head_dim,
-        "index_topk": spec.index_topk,
+        "sliding_window": arch.sliding_window,
+        "index_n_heads": arch.index_n_heads,
+        "index_head_dim": arch.index_head_dim,
+        "index_topk": arch.index_topk,
         # One entry per main layer plus the MTP layer; 0 = sliding window only.
-        "compress_ratios": [0] * (spec.num_hidden_layers + 1),
+        "compress_ratios": [0] * (arch.num_hidden_layers + 1),
         "compress_rope_theta": 160000,
         "rope_theta": 10000,
         "rope_scaling": {"type": "yarn", "factor": 1.0, "beta_fast": 32, "beta_slow": 1,
-                         "original_max_position_embeddings": spec.max_position_embeddings},
-        "max_position_embeddings": spec.max_position_embeddings,
+                         "original_max_position_embeddings": arch.max_position_embeddings},
+        "max_position_embeddings": arch.max_position_embeddings,
         "rms_norm_eps": 1e-6,
         "expert_dtype": expert_dtype,
         "tie_word_embeddings": False,
@@ -129,55 +125,10 @@ def hf_config(spec: TinyV4Spec, quantization: str | None, expert_dtype: str) -> 
     if quantization == "fp8":
         config["quantization_config"] = {
             "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-            "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+            "weight_block_size": list(FP8_BLOCK),
             **({"scale_fmt": "ue8m0"} if expert_dtype == "fp4" else {}),
         }
     return config
-
-
-# ---------------------------------------------------------------------------------------------
-# Quantization as DeepSeek stores it
-# ---------------------------------------------------------------------------------------------
-
-
-def _pow2_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
-    """Smallest power of two ``s`` with ``amax / s <= qmax`` (what a UE8M0 scale can hold)."""
-    return torch.exp2(torch.ceil(torch.log2(amax.clamp(min=1e-30) / qmax)))
-
-
-def quantize_fp8_block(weight: torch.Tensor, e8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weight ~= fp8 * scale`` per 128x128 block; scale in UE8M0 or float32."""
-    out_dim, in_dim = weight.shape
-    rows, cols = -(-out_dim // FP8_BLOCK), -(-in_dim // FP8_BLOCK)
-    padded = torch.zeros(rows * FP8_BLOCK, cols * FP8_BLOCK)
-    padded[:out_dim, :in_dim] = weight.float()
-    blocks = padded.view(rows, FP8_BLOCK, cols, FP8_BLOCK)
-    amax = blocks.abs().amax(dim=(1, 3))
-    scale = _pow2_scale(amax, FP8_MAX) if e8m0 else (amax / FP8_MAX).clamp(min=1e-12)
-    quant = (blocks / scale[:, None, :, None]).view_as(padded)[:out_dim, :in_dim]
-    quant = quant.to(torch.float8_e4m3fn)
-    return quant.contiguous(), scale.to(torch.float8_e8m0fnu if e8m0 else torch.float32)
-
-
-def quantize_fp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed e2m1 (``int8``, element ``2k`` in the low nibble) and 1x32 UE8M0 scales."""
-    out_dim, in_dim = weight.shape
-    groups = weight.float().view(out_dim, in_dim // FP4_GROUP, FP4_GROUP)
-    scale = _pow2_scale(groups.abs().amax(-1), float(FP4_VALUES[-1]))
-    scaled = groups / scale[..., None]
-    midpoints = (FP4_VALUES[1:] + FP4_VALUES[:-1]) / 2  # round to the nearest e2m1 magnitude
-    codes = torch.bucketize(scaled.abs(), midpoints)
-    codes = (codes | ((scaled < 0) & (codes > 0)).long() << 3).view(out_dim, in_dim)
-    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    return packed.to(torch.uint8).view(torch.int8), scale.to(torch.float8_e8m0fnu)
-
-
-def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Inverse of ``quantize_fp4`` (tests use it to check the packing)."""
-    raw = packed.view(torch.uint8).long()
-    codes = torch.stack([raw & 0xF, raw >> 4], dim=-1).flatten(-2)
-    values = FP4_VALUES[codes & 0x7] * torch.where(codes >= 8, -1.0, 1.0)
-    return (values.view(*codes.shape[:-1], -1, FP4_GROUP) * scale.float()[..., None]).flatten(-2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,36 +151,36 @@ class _Init:
 LINEAR, EXPERT, PLAIN = "linear", "expert", "plain"
 
 
-def block_tensors(spec: TinyV4Spec, p: str, init: _Init, residual_std: float) -> dict:
+def block_tensors(arch: TinyV4Arch, p: str, init: _Init, residual_std: float) -> dict:
     """One hyper-connected V4 decoder block: ``{name: (tensor, kind)}``.
 
     ``residual_std`` is the std of the projections that write into the residual streams
     (``wo_b``, ``w2``): small in oracle mode so that the streams stay close to the embedding.
     """
-    h, heads, hd = spec.hidden_size, spec.num_attention_heads, spec.head_dim
-    inter, hc = spec.moe_intermediate_size, spec.hc_mult
+    h, heads, hd = arch.hidden_size, arch.num_attention_heads, arch.head_dim
+    inter, hc = arch.moe_intermediate_size, arch.hc_mult
     mix = (2 + hc) * hc
     t = {
         f"{p}.attn.attn_sink": (init.normal(heads, std=1.0), PLAIN),
         f"{p}.attn.kv_norm.weight": (init.positive(hd), PLAIN),
-        f"{p}.attn.q_norm.weight": (init.positive(spec.q_lora_rank), PLAIN),
-        f"{p}.attn.wq_a.weight": (init.normal(spec.q_lora_rank, h), LINEAR),
-        f"{p}.attn.wq_b.weight": (init.normal(heads * hd, spec.q_lora_rank), LINEAR),
+        f"{p}.attn.q_norm.weight": (init.positive(arch.q_lora_rank), PLAIN),
+        f"{p}.attn.wq_a.weight": (init.normal(arch.q_lora_rank, h), LINEAR),
+        f"{p}.attn.wq_b.weight": (init.normal(heads * hd, arch.q_lora_rank), LINEAR),
         f"{p}.attn.wkv.weight": (init.normal(hd, h), LINEAR),
-        f"{p}.attn.wo_a.weight": (init.normal(spec.o_groups * spec.o_lora_rank,
-                                              heads * hd // spec.o_groups), LINEAR),
-        f"{p}.attn.wo_b.weight": (init.normal(h, spec.o_groups * spec.o_lora_rank,
+        f"{p}.attn.wo_a.weight": (init.normal(arch.o_groups * arch.o_lora_rank,
+                                              heads * hd // arch.o_groups), LINEAR),
+        f"{p}.attn.wo_b.weight": (init.normal(h, arch.o_groups * arch.o_lora_rank,
                                               std=residual_std), LINEAR),
         f"{p}.attn_norm.weight": (init.positive(h), PLAIN),
         f"{p}.ffn_norm.weight": (init.positive(h), PLAIN),
-        f"{p}.ffn.gate.weight": (init.normal(spec.n_routed_experts, h), PLAIN),
-        f"{p}.ffn.gate.bias": (torch.zeros(spec.n_routed_experts), PLAIN),
+        f"{p}.ffn.gate.weight": (init.normal(arch.n_routed_experts, h), PLAIN),
+        f"{p}.ffn.gate.bias": (torch.zeros(arch.n_routed_experts), PLAIN),
     }
-    shared = inter * spec.n_shared_experts
+    shared = inter * arch.n_shared_experts
     t[f"{p}.ffn.shared_experts.w1.weight"] = (init.normal(shared, h), LINEAR)
     t[f"{p}.ffn.shared_experts.w3.weight"] = (init.normal(shared, h), LINEAR)
     t[f"{p}.ffn.shared_experts.w2.weight"] = (init.normal(h, shared, std=residual_std), LINEAR)
-    for e in range(spec.n_routed_experts):
+    for e in range(arch.n_routed_experts):
         t[f"{p}.ffn.experts.{e}.w1.weight"] = (init.normal(inter, h), EXPERT)
         t[f"{p}.ffn.experts.{e}.w3.weight"] = (init.normal(inter, h), EXPERT)
         t[f"{p}.ffn.experts.{e}.w2.weight"] = (init.normal(h, inter, std=residual_std), EXPERT)
@@ -240,27 +191,27 @@ def block_tensors(spec: TinyV4Spec, p: str, init: _Init, residual_std: float) ->
     return t
 
 
-def hc_head_tensors(spec: TinyV4Spec, p: str, init: _Init) -> dict:
+def hc_head_tensors(arch: TinyV4Arch, p: str, init: _Init) -> dict:
     """The head mixer: ``sigmoid(scale * rms(x) @ fn.T + base)`` weighs the streams."""
-    hc = spec.hc_mult
+    hc = arch.hc_mult
     return {
-        f"{p}hc_head_fn": (init.normal(hc, hc * spec.hidden_size, std=0.5), PLAIN),
+        f"{p}hc_head_fn": (init.normal(hc, hc * arch.hidden_size, std=0.5), PLAIN),
         f"{p}hc_head_base": (init.normal(hc, std=1.0), PLAIN),
         f"{p}hc_head_scale": (init.positive(1), PLAIN),
     }
 
 
-def dspark_tensors(spec: TinyV4Spec, init: _Init) -> dict:
+def dspark_tensors(arch: TinyV4Arch, init: _Init) -> dict:
     """A DSpark drafter under ``mtp.``: three blocks and its own heads, no enorm/hnorm."""
-    h = spec.hidden_size
+    h = arch.hidden_size
     t = {}
     for stage in range(3):
-        t.update(block_tensors(spec, f"mtp.{stage}", init, 0.02))
+        t.update(block_tensors(arch, f"mtp.{stage}", init, 0.02))
     t[f"mtp.0.main_proj.weight"] = (init.normal(h, 2 * h), LINEAR)
     t[f"mtp.0.main_norm.weight"] = (torch.ones(h), PLAIN)
     t[f"mtp.2.norm.weight"] = (torch.ones(h), PLAIN)
     t[f"mtp.2.markov_head.weight"] = (init.normal(16, h), PLAIN)
-    t.update(hc_head_tensors(spec, "mtp.2.", init))
+    t.update(hc_head_tensors(arch, "mtp.2.", init))
     return t
 
 
@@ -280,7 +231,7 @@ def oracle_projections(norm: torch.Tensor, enorm: torch.Tensor, hnorm: torch.Ten
     return e_proj, h_proj
 
 
-def build_tensors(spec: TinyV4Spec, mode: str, seed: int, *, acceptance: float = 0.7,
+def build_tensors(arch: TinyV4Arch, mode: str, seed: int, *, acceptance: float = 0.7,
                   without_mtp: bool = False, dspark: bool = False,
                   mtp_copies: bool = False) -> tuple[dict, dict]:
     """``{name: (float tensor, kind)}`` before quantization, and metadata."""
@@ -290,17 +241,17 @@ def build_tensors(spec: TinyV4Spec, mode: str, seed: int, *, acceptance: float =
         raise ValueError(f"acceptance {acceptance} of a noisy tiny V4 checkpoint must be in 0..1")
     gen = torch.Generator().manual_seed(seed)
     init = _Init(seed + 1)
-    h = spec.hidden_size
+    h = arch.hidden_size
     residual_std = 0.02 if mode == "random" else 0.002
     meta: dict = {"mode": mode, "seed": seed, "without_mtp": without_mtp, "dspark": dspark}
     norm = init.positive(h)
-    layers = spec.num_nextn_predict_layers
+    layers = arch.num_nextn_predict_layers
     enorms, hnorms, mtp_norms = ([init.positive(h) for _ in range(layers)] for _ in range(3))
     if mode == "random":
-        embed, head = init.normal(spec.vocab_size, h), init.normal(spec.vocab_size, h)
+        embed, head = init.normal(arch.vocab_size, h), init.normal(arch.vocab_size, h)
         projections = [(init.normal(h, h), init.normal(h, h)) for _ in range(layers)]
     else:
-        embed, head, succ = oracle_embedding_and_head(spec, gen)
+        embed, head, succ = oracle_embedding_and_head(arch, gen)
         noise = torch.randn(h, h, generator=gen) / h**0.5
         alpha = calibrate_noise(embed, head, succ, noise, acceptance) if mode == "noisy" else 0.0
         meta.update(alpha=alpha, expected_acceptance=first_position_acceptance(
@@ -309,16 +260,16 @@ def build_tensors(spec: TinyV4Spec, mode: str, seed: int, *, acceptance: float =
                        for j in range(layers)]
         head = head / norm  # the target's norm weight is undone by the head (see above)
     t = {"embed.weight": (embed, PLAIN), "head.weight": (head, PLAIN),
-         "norm.weight": (norm, PLAIN), **hc_head_tensors(spec, "", init)}
-    for i in range(spec.num_hidden_layers):
-        t.update(block_tensors(spec, f"layers.{i}", init, residual_std))
+         "norm.weight": (norm, PLAIN), **hc_head_tensors(arch, "", init)}
+    for i in range(arch.num_hidden_layers):
+        t.update(block_tensors(arch, f"layers.{i}", init, residual_std))
     if dspark:
-        t.update(dspark_tensors(spec, init))
+        t.update(dspark_tensors(arch, init))
     elif not without_mtp:
         for j in range(layers):
             p = f"mtp.{j}"
-            t.update(block_tensors(spec, p, init, residual_std))
-            t.update(hc_head_tensors(spec, f"{p}.", init))
+            t.update(block_tensors(arch, p, init, residual_std))
+            t.update(hc_head_tensors(arch, f"{p}.", init))
             e_proj, h_proj = projections[j]
             t.update({
                 f"{p}.enorm.weight": (enorms[j], PLAIN),
@@ -347,7 +298,7 @@ def encode(tensors: dict, quantization: str | None, expert_dtype: str) -> dict[s
         if quantization == "fp8" and kind == EXPERT and expert_dtype == "fp4":
             out[name], out[f"{stem}.scale"] = quantize_fp4(value)
         elif quantization == "fp8" and kind in (LINEAR, EXPERT):
-            out[name], out[f"{stem}.scale"] = quantize_fp8_block(value, e8m0)
+            out[name], out[f"{stem}.scale"] = quantize_fp8_blocks(value, pow2=e8m0)
         else:
             out[name] = value.to(torch.float32 if _is_fp32(name) else torch.bfloat16).contiguous()
     return out
@@ -357,7 +308,7 @@ def build_checkpoint(out_dir: str | Path, mode: str = "oracle", seed: int = 0,
                      quantization: str | None = "fp8", expert_dtype: str = "fp4",
                      acceptance: float = 0.7,
                      without_mtp: bool = False, dspark: bool = False, mtp_copies: bool = False,
-                     spec: TinyV4Spec | None = None, **overrides) -> Path:
+                     arch: TinyV4Arch | None = None, **overrides) -> Path:
     """Write config.json, tokenizer files, model.safetensors and tiny_meta.json into ``out_dir``.
 
     ``acceptance``: the first-position acceptance a ``noisy`` checkpoint is built for.
@@ -366,7 +317,7 @@ def build_checkpoint(out_dir: str | Path, mode: str = "oracle", seed: int = 0,
     """
     from safetensors.torch import save_file
 
-    spec = dataclasses.replace(spec or TinyV4Spec(), **overrides)
+    arch = dataclasses.replace(arch or TinyV4Arch(), **overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Thousands of tiny tensors: one thread. With OpenMP fan-out (and after `import vllm`, whose
@@ -374,17 +325,17 @@ def build_checkpoint(out_dir: str | Path, mode: str = "oracle", seed: int = 0,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        tensors, meta = build_tensors(spec, mode, seed, acceptance=acceptance,
+        tensors, meta = build_tensors(arch, mode, seed, acceptance=acceptance,
                                       without_mtp=without_mtp, dspark=dspark,
                                       mtp_copies=mtp_copies)
         stored = encode(tensors, quantization, expert_dtype)
     finally:
         torch.set_num_threads(threads)
     save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_config(spec, quantization, expert_dtype),
+    (out / "config.json").write_text(json.dumps(hf_config(arch, quantization, expert_dtype),
                                                 indent=2))
-    write_tokenizer(out, spec.vocab_size)
-    meta.update(spec=dataclasses.asdict(spec), quantization=quantization,
+    write_tokenizer(out, arch.vocab_size)
+    meta.update(arch=dataclasses.asdict(arch), quantization=quantization,
                 expert_dtype=expert_dtype, tensors=len(stored),
                 parameters=sum(v.numel() for v, _ in tensors.values()))
     (out / "tiny_meta.json").write_text(json.dumps(meta, indent=2))

@@ -21,9 +21,10 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from .checkpoint import TargetCheckpoint, TrainInputError
+from ..checkpoint.target import TargetCheckpoint, TargetCheckpointError
 from .collect import CollectSettings
 from .model import INITS, PARAMETER_GROUPS, UNROLLS
+from .target import TrainInputError, open_target
 from .trainer import TrainSettings
 
 DEFAULT_PROMPTS = "data/train_prompts.jsonl"
@@ -118,10 +119,10 @@ def _collect(args, target: TargetCheckpoint, settings: TrainSettings, work: Path
                                        samples_per_prompt=args.samples_per_prompt,
                                        max_len=args.max_len, seed=args.seed)
     scaffold = _scaffold(target, settings, work)
-    spec = {"model_dir": str(target.dir), "prompts": str(prompts), "data_dir": str(work / "data"),
+    job = {"model_dir": str(target.dir), "prompts": str(prompts), "data_dir": str(work / "data"),
             "settings": dataclasses.asdict(collect_settings), "dtype": args.dtype,
             "serve_dir": str(scaffold) if scaffold else None}
-    (work / "collect.json").write_text(json.dumps(spec, indent=1))
+    (work / "collect.json").write_text(json.dumps(job, indent=1))
     print(f"[1/3] collecting the target's continuations and the drafter's inputs through vLLM "
           f"({prompts})", flush=True)
     done = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.tools.train.collect",
@@ -133,7 +134,7 @@ def _collect(args, target: TargetCheckpoint, settings: TrainSettings, work: Path
 
 
 def _train(args, settings: TrainSettings, work: Path) -> None:
-    spec = {"target": str(Path(args.target)), "data_dir": str(work / "data"),
+    job = {"target": str(Path(args.target)), "data_dir": str(work / "data"),
             "work_dir": str(work), "settings": dataclasses.asdict(settings)}
     print(f"[2/3] training {settings.depth if settings.unroll == 'chained' else 1} MTP layer(s) "
           f"(init {settings.init}, depth {settings.depth} {settings.unroll}, loss "
@@ -143,9 +144,9 @@ def _train(args, settings: TrainSettings, work: Path) -> None:
     if args.nproc <= 1:
         from .run import run_training
 
-        run_training(spec, progress=not args.quiet)
+        run_training(job, progress=not args.quiet)
         return
-    (work / "train.json").write_text(json.dumps(spec, indent=1))
+    (work / "train.json").write_text(json.dumps(job, indent=1))
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc-per-node={args.nproc}", "-m",
                            "vllm_mtp_plugin.tools.train.run", str(work / "train.json")])
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return _run(args)
-    except TrainInputError as exc:
+    except (TrainInputError, TargetCheckpointError) as exc:
         print(f"vllm-mtp train: {exc}")
         return 2
 
@@ -169,7 +170,7 @@ def _run(args) -> int:
     from .run import history, trained_layers
     from .trainer import plot
 
-    target = TargetCheckpoint(args.target)
+    target = open_target(args.target)
     groups = tuple(args.train_only.split(",")) if args.train_only else None
     unknown = [g for g in groups or () if g not in PARAMETER_GROUPS]
     if unknown:

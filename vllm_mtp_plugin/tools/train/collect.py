@@ -70,7 +70,7 @@ def cpu_kv_cache_bytes(config: dict, max_len: int) -> int | None:
 
 def cpu_without_bf16() -> bool:
     from ...platform import platform_family
-    from ..cpu_features import AVX512_BF16, host_cpu_flags
+    from ..engine.cpu_features import AVX512_BF16, host_cpu_flags
 
     return platform_family() == "cpu" and AVX512_BF16 not in host_cpu_flags()
 
@@ -78,8 +78,8 @@ def cpu_without_bf16() -> bool:
 def _engine(model_dir: Path, dtype: str, max_len: int, engine_kwargs: dict):
     from vllm import LLM
 
-    from ..cpu_features import engine_args_for_dtype
-    from ..engine_modes import eager_for
+    from ..engine.cpu_features import engine_args_for_dtype
+    from ..engine.modes import eager_for
 
     if dtype == "auto" and cpu_without_bf16():
         dtype = "float32"  # bf16 is compute-bound there (docs/platforms.md: "On CPU")
@@ -177,12 +177,12 @@ def collect(model_dir: str | Path, prompts_path: str | Path, data_dir: str | Pat
 
 
 def main(argv: list[str]) -> int:
-    """``python -m vllm_mtp_plugin.tools.train.collect SPEC.json``: one collection in a process of
+    """``python -m vllm_mtp_plugin.tools.train.collect JOB.json``: one collection in a process of
     its own (the engine's memory goes with it before training starts)."""
-    spec = json.loads(Path(argv[0]).read_text())
-    collect(spec["model_dir"], spec["prompts"], spec["data_dir"],
-            CollectSettings(**spec["settings"]), dtype=spec.get("dtype", "auto"),
-            serve_dir=spec.get("serve_dir"), engine_kwargs=spec.get("engine_kwargs"))
+    job = json.loads(Path(argv[0]).read_text())
+    collect(job["model_dir"], job["prompts"], job["data_dir"],
+            CollectSettings(**job["settings"]), dtype=job.get("dtype", "auto"),
+            serve_dir=job.get("serve_dir"), engine_kwargs=job.get("engine_kwargs"))
     return 0
 
 

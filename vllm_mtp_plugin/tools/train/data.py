@@ -25,41 +25,20 @@ from pathlib import Path
 
 import torch
 
-from ..bench.prompts import CHAT, HUMAN_ROLES
-from ..prompt_files import PromptFileError, read_records
-from .checkpoint import TrainInputError
+from ..prompt_files import PromptFileError, prompt_of, read_records
+from .target import TrainInputError
 
 DATA_FORMAT = "vllm-mtp-train-data/1"
-
-
-def _record_prompt(record, where: str):
-    if isinstance(record, str):
-        return record
-    if not isinstance(record, dict):
-        raise TrainInputError(f"{where}: expected an object with 'prompt', 'messages' or "
-                              f"'conversations', got {type(record).__name__}.")
-    if "prompt" in record:
-        if record.get("kind") == CHAT:  # as the benchmark reads it: the user's turn of a chat
-            return [{"role": "user", "content": str(record["prompt"])}]
-        return str(record["prompt"])
-    if messages := record.get("messages"):
-        return [{"role": m["role"], "content": str(m["content"])} for m in messages]
-    if turns := record.get("conversations"):
-        for turn in turns:
-            if turn.get("from", turn.get("role")) in HUMAN_ROLES:
-                return [{"role": "user", "content": str(turn.get("value", turn.get("content")))}]
-        return None
-    raise TrainInputError(f"{where}: a record needs 'prompt', 'messages' or 'conversations'.")
 
 
 def load_training_prompts(path: str | Path) -> list:
     """Completion prompts (str) and chats (message lists) from ``path``."""
     path = Path(path)
-    try:
-        records = read_records(path)
+    try:  # ShareGPT conversations train as chats: the chat template applied, as served
+        prompts = [p for r in read_records(path)
+                   if (p := prompt_of(r.value, r.where, sharegpt_as_chat=True))]
     except PromptFileError as exc:
         raise TrainInputError(f"--prompts {exc}") from None
-    prompts = [p for r in records if (p := _record_prompt(r.value, r.where))]
     if not prompts:
         raise TrainInputError(f"--prompts {path}: no prompts in the file (plain text lines, JSONL "
                               "with 'prompt' or 'messages', or ShareGPT 'conversations').")

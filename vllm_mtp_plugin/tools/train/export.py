@@ -1,6 +1,6 @@
 """Write trained MTP layers as a checkpoint the plugin (and vLLM's own class) serves.
 
-The target's files are linked or copied untouched (``checkpoint_files.assemble``); the layers go
+The target's files are linked or copied untouched (``checkpoint/files.py: assemble``); the layers go
 to ``mtp-00001-of-00001.safetensors`` as ``model.layers.{L + j}.*`` in DeepSeek's names, with the
 copies of the target's embedding and head that DeepSeek stores in each MTP layer (vLLM's own MTP
 class loads them; the plugin skips them). Floating tensors take the target's dtype. For a block-FP8
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint_files import assemble
-from .checkpoint import SCALE_SUFFIX, TargetCheckpoint, TrainInputError, quantize_fp8_blocks
+from ..checkpoint.files import assemble
+from ..checkpoint.quantize import quantize_fp8_blocks
+from ..checkpoint.target import SCALE_SUFFIX, TargetCheckpoint
+from .target import TrainInputError
 
 LAYER_SHARD = "mtp-00001-of-00001.safetensors"
 
@@ -57,7 +59,7 @@ def export(target: TargetCheckpoint, layers: list[dict[str, torch.Tensor]], out_
     os.chmod(out / LAYER_SHARD, 0o644)
     old = {n for n in target.tensors if n.startswith("model.layers.")
            and int(n.split(".")[2]) >= target.num_hidden_layers}
-    done = assemble(target.dir, target.config, out, dict.fromkeys(tensors, LAYER_SHARD),
-                    len(layers), copy, drop=old)
+    done = assemble(target, out, dict.fromkeys(tensors, LAYER_SHARD), len(layers), copy,
+                    drop=old)
     return {"out": str(out), "mtp_layers": len(layers), "tensors": len(tensors),
             "replaced": len(old), "rewritten": done["rewritten"]}

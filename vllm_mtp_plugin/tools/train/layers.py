@@ -11,7 +11,7 @@ Names: a checkpoint stores ``model.layers.{L}.<block tensor>`` per expert
 (``mlp.experts.gate_up_proj[e] = cat(gate, up)``, ``mlp.experts.down_proj[e]``).
 ``to_module_state`` and ``to_checkpoint_tensors`` convert both ways; FP8 block-quantized
 checkpoints are dequantized before they get here, as they are read
-(``checkpoint.TargetCheckpoint.float_tensor``).
+(``checkpoint/target.py: TargetCheckpoint.float_tensor``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ SHARED_COPIES = ("embed_tokens.weight", "shared_head.head.weight")
 EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def hf_config(config_json: dict):
+def transformers_config(config_json: dict):
     """transformers' ``DeepseekV3Config`` with the checkpoint's numbers (quantization dropped:
     the trainer works in floating point)."""
     from transformers import DeepseekV3Config

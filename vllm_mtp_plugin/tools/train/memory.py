@@ -20,7 +20,7 @@ import dataclasses
 
 import torch
 
-from .layers import hf_config
+from .layers import transformers_config
 from .model import PARAMETER_GROUPS
 
 
@@ -44,7 +44,7 @@ class MemoryPlan:
 def count_layer_parameters(config_json: dict, train_only: list[str] | None = None
                            ) -> tuple[int, int]:
     """(all, trained) parameters of one MTP layer, built on the meta device."""
-    config = hf_config(config_json)
+    config = transformers_config(config_json)
     with torch.device("meta"):
         layer = new_layer_on_meta(config, int(config_json["num_hidden_layers"]))
     fragments = [f for g in train_only for f in PARAMETER_GROUPS[g]] if train_only else None

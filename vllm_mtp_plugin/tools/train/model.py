@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import TargetCheckpoint, TrainInputError
-from .layers import FrozenTarget, hf_config, mtp_forward, new_layer, to_module_state
+from ..checkpoint.target import TargetCheckpoint
+from .layers import FrozenTarget, transformers_config, mtp_forward, new_layer, to_module_state
+from .target import TrainInputError
 
 INITS = ("auto", "checkpoint", "scratch", "last-layer")
 UNROLLS = ("chained", "recursive")
@@ -102,7 +103,7 @@ class MtpTrainModel(nn.Module):
             raise TrainInputError(f"--unroll {unroll!r}: choose one of {', '.join(UNROLLS)}.")
         if depth < 1:
             raise TrainInputError(f"--depth {depth}: at least 1.")
-        self.config = hf_config(target.config)
+        self.config = transformers_config(target.config)
         self.init = resolve_init(init, target)
         self.unroll = unroll
         self.depth = depth

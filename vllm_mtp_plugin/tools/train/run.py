@@ -1,6 +1,6 @@
 """One training run, in this process or as each rank of ``torchrun``.
 
-``python -m torch.distributed.run --nproc-per-node N -m vllm_mtp_plugin.tools.train.run SPEC``
+``python -m torch.distributed.run --nproc-per-node N -m vllm_mtp_plugin.tools.train.run JOB``
 starts N ranks (gloo on CPU, NCCL on GPUs); without torchrun's environment the run is one
 process. Rank 0 writes ``trained-layers.safetensors`` (the layers at the step with the best held-out
 loss, checkpoint names below ``model.layers.{L+j}.``, keyed ``{j}.{name}``) and ``history.json``
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import TargetCheckpoint
+from .target import open_target
 from .data import SequenceStore
 from .layers import to_checkpoint_tensors
 from .model import MtpTrainModel
@@ -38,19 +38,19 @@ def _init_distributed() -> bool:
     return True
 
 
-def run_training(spec: dict, progress: bool = True) -> None:
-    """``spec``: ``target``, ``data_dir``, ``work_dir``, ``settings`` (TrainSettings fields)."""
+def run_training(job: dict, progress: bool = True) -> None:
+    """``job``: ``target``, ``data_dir``, ``work_dir``, ``settings`` (TrainSettings fields)."""
     distributed = _init_distributed()
     try:
-        settings = TrainSettings(**{**spec["settings"], "train_only": tuple(
-            spec["settings"]["train_only"]) if spec["settings"].get("train_only") else None})
-        work = Path(spec["work_dir"])
-        target = TargetCheckpoint(spec["target"])
+        settings = TrainSettings(**{**job["settings"], "train_only": tuple(
+            job["settings"]["train_only"]) if job["settings"].get("train_only") else None})
+        work = Path(job["work_dir"])
+        target = open_target(job["target"])
         model = MtpTrainModel(target, settings.init, settings.depth, settings.unroll,
                               settings.seed)
         if torch.cuda.is_available():
             model.to(torch.device("cuda", torch.cuda.current_device()))
-        history = train(model, SequenceStore(spec["data_dir"]), settings, work, progress)
+        history = train(model, SequenceStore(job["data_dir"]), settings, work, progress)
         states = full_layer_states(model)
         if not distributed or torch.distributed.get_rank() == 0:
             from safetensors.torch import save_file

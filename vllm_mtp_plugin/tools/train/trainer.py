@@ -18,22 +18,20 @@ from pathlib import Path
 
 import torch
 
-from ..tiny.pretrain import ExpertLoadBalancer
 from .data import SequenceStore
 from .model import MtpTrainModel
+from .optim import ExpertLoadBalancer, OptimizerSettings, learning_rate
 
 CHECKPOINT = "trainer-state.pt"
 BEST_LAYERS = "best-layers.pt"
 
 
 @dataclasses.dataclass
-class TrainSettings:
+class TrainSettings(OptimizerSettings):
+    """``vllm-mtp train``'s run (``OptimizerSettings`` with its defaults, plus what it adds)."""
+
     steps: int | None = None  # None: ``epochs`` passes over the training sequences
     epochs: float = 6.0
-    batch_size: int = 16  # sequences per step, all ranks together
-    learning_rate: float = 1e-3
-    warmup_steps: int = 30
-    weight_decay: float = 0.0
     depth: int = 1
     unroll: str = "chained"
     step_weight: float = 0.6  # depth s weighs step_weight ** s (FastMTP's beta)
@@ -44,10 +42,7 @@ class TrainSettings:
     train_only: tuple[str, ...] | None = None
     max_len: int | None = None  # positions per sequence used (None: all)
     held_out_fraction: float = 0.05
-    eval_every: int = 50
     checkpoint_every: int = 100
-    bias_update_speed: float = 0.001
-    seed: int = 0
     sharding: str = "ddp"
 
 
@@ -69,13 +64,6 @@ def split(store_size: int, fraction: float) -> tuple[list[int], list[int]]:
 def total_steps(s: TrainSettings, train_sequences: int) -> int:
     return s.steps if s.steps is not None else max(1, math.ceil(
         s.epochs * train_sequences / s.batch_size))
-
-
-def learning_rate(step: int, s: TrainSettings, steps: int) -> float:
-    if step < s.warmup_steps:
-        return s.learning_rate * (step + 1) / s.warmup_steps
-    done = (step - s.warmup_steps) / max(1, steps - s.warmup_steps)
-    return s.learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, done))))
 
 
 @torch.no_grad()

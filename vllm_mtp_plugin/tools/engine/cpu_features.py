@@ -6,11 +6,11 @@ kernels, ``convert_weight_packed`` and the FP8 ``fp8_scaled_mm_cpu`` op), ``_C_A
 AVX-512, ``_C_AVX2`` otherwise. Its FP8 linear kernels also need AMX tiles. Every skip in the suite
 asks ``missing_cpu_features`` and prints its answer.
 
-``MTP_TEST_HIDE_AVX512=1`` (tests only) makes an AVX-512 machine behave as one without AVX-512:
-``hide_avx512`` runs first thing in every process (``tests/mrv2_harness/sitecustomize.py``, in the
-repository only), so torch reports no AVX-512/AMX, vLLM loads its real ``_C_AVX2`` build (without
-the ops above), torch's own kernels dispatch at AVX2 and this probe drops the hidden flags. ``bash tests/run_without_avx512.sh``
-runs the suite that way.
+``MTP_TEST_HIDE_AVX512=1`` (tests and benchmarks only) makes an AVX-512 machine behave as one
+without AVX-512: the repository's ``tests/mrv2_harness/sitecustomize.py`` hides the flags from torch
+first thing in every process, so vLLM loads its real ``_C_AVX2`` build (without the ops above),
+torch's own kernels dispatch at AVX2, and this probe drops the same flags. ``bash
+tests/run_without_avx512.sh`` runs the suite that way.
 """
 
 from __future__ import annotations
@@ -111,27 +111,6 @@ def machine_summary() -> dict:
     return {"cpu_flags": [flag for flag in SPEED_FLAGS if flag in have],
             "cpu_flags_missing": [flag for flag in SPEED_FLAGS if flag not in have],
             "vllm_kernels": kernel_build(), "avx512_hidden": avx512_hidden()}
-
-
-def hide_avx512() -> None:
-    """Make torch, and so vLLM, see a CPU without AVX-512 or AMX in this process (tests only).
-
-    Called before torch is imported (the sitecustomize): ``ATEN_CPU_CAPABILITY`` and
-    ``ONEDNN_MAX_CPU_ISA`` are read when torch loads. vLLM decides every CPU kernel through
-    ``torch.cpu._is_avx512_supported()`` and its siblings, which all read
-    ``torch.cpu.get_capabilities()``; that mapping is replaced by one with the hidden flags False.
-    """
-    os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
-    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
-    try:
-        import torch.cpu
-    except ImportError:
-        return
-    from types import MappingProxyType
-
-    real = dict(torch.cpu.get_capabilities())
-    shown = MappingProxyType({k: (False if _hidden(k) and v is True else v) for k, v in real.items()})
-    torch.cpu.get_capabilities = lambda: shown
 
 
 def float32_mla_backend() -> str | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 RIVAL = str(Path(__file__).parent / "rival")
-sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the shared test support
+sys.path.insert(0, str(Path(__file__).parents[2]))  # tests/: the shared test support
 from support.logs import PLUGIN_LOGGER, MessageHandler  # noqa: E402
 ARCHS = ("DeepSeekMTPModel", "DeepseekV32MTPModel", "DeepSeekV4MTPModel")
 
@@ -73,8 +73,8 @@ def main(order: str, *switches: str) -> None:
 def run_engine(checkpoint: str) -> dict:
     from vllm import LLM, SamplingParams
 
-    from vllm_mtp_plugin.tools.cpu_features import engine_args_for_dtype
-    from vllm_mtp_plugin.tools.engine_modes import eager_for
+    from vllm_mtp_plugin.tools.engine.cpu_features import engine_args_for_dtype
+    from vllm_mtp_plugin.tools.engine.modes import eager_for
 
     backend, spec = engine_args_for_dtype("float32", {"method": "mtp", "num_speculative_tokens": 1})
     llm = LLM(checkpoint, enforce_eager=eager_for("load-time"), distributed_executor_backend="uni",

@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 
-from . import metrics
+from vllm_mtp_plugin.tools.engine import metrics
 
 NEAR_GREEDY = 0.1
 STOP_SETS = (("e",), ("\n",), ("t", "s"), (" the",), ("zq",))
@@ -157,7 +157,7 @@ def make_mix(base_url: str, model: str, count: int, max_model_len: int, *, seed:
     requests close their stream after 1-3 chunks; those ask for the most tokens, so they are still
     running then. Completion prompts are text or token ids, alternately.
     """
-    from .tiny.tokenizer import bundled_prompt_texts
+    from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts
 
     rng = random.Random(seed)
     tokens = Tokens(base_url, model)

@@ -15,8 +15,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ..weights.headers import read_checkpoint
-from ..weights.preflight import mtp_problems
+from ...weights.preflight import mtp_problems
+from .target import TargetCheckpoint
 
 INDEX = "model.safetensors.index.json"
 
@@ -31,12 +31,12 @@ def link_or_copy(src: Path, dst: Path, copy: bool) -> None:
         os.symlink(src.resolve(), dst)
 
 
-def target_weight_map(target_dir: Path) -> dict[str, str]:
-    index = target_dir / INDEX
+def target_weight_map(target: TargetCheckpoint) -> dict[str, str]:
+    """Tensor name -> shard file: the target's index as written, else from its headers."""
+    index = target.dir / INDEX
     if index.exists():
         return dict(json.loads(index.read_text())["weight_map"])
-    tensors, _ = read_checkpoint(target_dir)
-    return {name: info["file"] for name, info in tensors.items()}
+    return {name: info["file"] for name, info in target.tensors.items()}
 
 
 def _without(src: Path, dst: Path, drop: set[str]) -> list[str]:
@@ -57,12 +57,13 @@ class CheckpointWriteError(ValueError):
     """The assembled checkpoint failed the start-up check; the message lists why."""
 
 
-def assemble(target_dir: Path, target_config: dict, out: Path, layer_map: dict[str, str],
-             mtp_layers: int, copy: bool, drop: set[str] = frozenset()) -> dict:
+def assemble(target: TargetCheckpoint, out: Path, layer_map: dict[str, str], mtp_layers: int,
+             copy: bool, drop: set[str] = frozenset()) -> dict:
     """Link the target's files into ``out`` (whose layer shards ``layer_map`` names are already
     written there), leave out the tensors in ``drop``, write the index and config.json, and run
     the start-up check. Returns what was done."""
-    weight_map = target_weight_map(target_dir)
+    target_dir = target.dir
+    weight_map = target_weight_map(target)
     rewritten = sorted({weight_map[n] for n in drop if n in weight_map})
     for item in sorted(target_dir.iterdir()):
         if item.name in ("config.json", INDEX) or item.name.startswith("."):
@@ -77,7 +78,7 @@ def assemble(target_dir: Path, target_config: dict, out: Path, layer_map: dict[s
     (out / INDEX).write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
         indent=2))
-    config = {**target_config, "num_nextn_predict_layers": mtp_layers}
+    config = {**target.config, "num_nextn_predict_layers": mtp_layers}
     (out / "config.json").write_text(json.dumps(config, indent=2))
     problems = mtp_problems(out, config)
     if problems:

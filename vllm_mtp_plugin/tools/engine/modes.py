@@ -31,8 +31,8 @@ EAGER_REASONS = {
         "no engine runs: the test builds the drafter from vLLM's config and calls it itself; with "
         "compilation on, that call would be traced by Dynamo outside vLLM's engine"),
     "process-start": (
-        "the subject is how the engine's process starts (forked from tools/fork_server.py or a "
-        "new interpreter); the engine inside is the same either way, and the suite's compiled "
+        "the subject is how the engine's process starts (forked by the test suite's fork server "
+        "or a new interpreter); the engine inside is the same either way, and the suite's compiled "
         "engines start forked"),
     "compiled-twin": (
         "the same path runs compiled in the test named where this reason is used (same runner, "
@@ -53,7 +53,7 @@ def eager_for(reason: str | None) -> bool:
         return False
     if reason not in EAGER_REASONS:
         raise ValueError(f"unknown reason to run eager {reason!r}; the reasons are "
-                         f"{sorted(EAGER_REASONS)} (vllm_mtp_plugin/tools/engine_modes.py)")
+                         f"{sorted(EAGER_REASONS)} (vllm_mtp_plugin/tools/engine/modes.py)")
     return True
 
 

@@ -1,6 +1,6 @@
 """Child process of test_v4_platform.py: the V4 drafter under the test-only out-of-tree platform.
 
-Run with ``tests/v4_support/fake_platform`` on ``PYTHONPATH`` and ``VLLM_MTP_FAKE_NPU=1``. It builds
+Run with ``tests/support/fake_npu/platform_plugin`` on ``PYTHONPATH`` and ``VLLM_MTP_FAKE_NPU=1``. It builds
 and loads the drafter, runs ``compute_logits`` and the input fusion, and prints one JSON line of
 facts for the test to assert on: the platform vLLM chose, the ``vllm.models.deepseek_v4`` modules
 the drafter's construction imported, how many CUDA streams were created, which ``hc_head`` op
@@ -12,6 +12,7 @@ out-of-tree platform brings its MoE, as it brings its V4 block.)
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -24,14 +25,15 @@ class RecordingStream:
 
 
 def main(model_dir: str) -> None:
-    from harness import attach_target_parts, build_drafter, checkpoint_tensors, engine_config
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the shared support
+    from support.drafters import attach_target_parts, build_drafter, checkpoint_tensors, engine_config
 
     import vllm.v1.worker.cpu.shm  # noqa: F401  (placeholder Event, as in a CPU-backed worker)
     from vllm.platforms import current_platform
 
     torch.cuda.Stream = RecordingStream  # after shm: any torch.cuda.Stream() from here is counted
     config = engine_config(model_dir)
-    from harness import single_process_vllm
+    from support.drafters import single_process_vllm
 
     import vllm_mtp_plugin.ops as ops
 

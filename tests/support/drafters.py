@@ -1,8 +1,14 @@
-"""Build the V4 drafter outside an engine, the way vLLM's worker does, for tests on one CPU.
+"""V3 and V4 drafters built outside an engine, the way vLLM's worker and loader build them, for
+tests on one CPU.
 
 vLLM builds a drafter inside a worker: a ``VllmConfig`` with a speculative config is current, the
-(single-process) distributed groups exist, the default dtype is the model's. ``single_process_vllm``
-sets up exactly that with gloo on a free loopback port and tears it down again.
+(single-process) distributed groups exist, the default dtype is the model's. ``engine_config``
+is the target's config as ``LLM(...)`` builds it; ``single_process_vllm`` sets up the rest with
+gloo on a free loopback port and tears it down again; ``build_drafter`` constructs either variant
+(the class by the config's model type, the dtype the model's) with the config's forward context
+cleared (each build registers its attention and MoE layers there by name); ``load_drafter`` loads
+every parameter from a checkpoint's tensors (checked) and runs ``process_weights_after_loading``,
+as vLLM's loader does.
 
 Two environment facts of the CPU worker are reproduced here, each where it applies:
 
@@ -33,7 +39,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_mtp_plugin.tools.engine_modes import eager_for
+from vllm_mtp_plugin.tools.engine.modes import eager_for
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint
 
 _ROOT = None
@@ -56,17 +62,19 @@ def checkpoint_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(Path(model_dir) / "model.safetensors"))
 
 
-def engine_config(model_dir: Path, num_speculative_tokens: int = 1):
-    """The target's ``VllmConfig`` with ``method: mtp``, as ``LLM(...)`` would build it."""
+def engine_config(model_dir: Path, dtype: str = "bfloat16", num_speculative_tokens: int = 1):
+    """The target's ``VllmConfig`` (eager, one process) drafting with ``method: mtp``, in
+    ``dtype``, as ``LLM(...)`` would build it; on CPUs whose attention backend cannot hold that
+    dtype, the backend that can (``cpu_features.engine_args_for_dtype``)."""
     from vllm.engine.arg_utils import EngineArgs
 
-    args = EngineArgs(
-        model=str(model_dir), dtype="bfloat16", enforce_eager=eager_for("direct-call"),
-        max_model_len=512,
-        distributed_executor_backend="uni",
-        speculative_config={"method": "mtp", "num_speculative_tokens": num_speculative_tokens},
-    )
-    return args.create_engine_config()
+    from vllm_mtp_plugin.tools.engine.cpu_features import engine_args_for_dtype
+
+    backend, spec = engine_args_for_dtype(
+        dtype, {"method": "mtp", "num_speculative_tokens": num_speculative_tokens})
+    return EngineArgs(model=str(model_dir), dtype=dtype, enforce_eager=eager_for("direct-call"),
+                      max_model_len=512, distributed_executor_backend="uni",
+                      speculative_config=spec, **backend).create_engine_config()
 
 
 def _free_port() -> int:
@@ -112,23 +120,43 @@ def cpu_quantized_kernels_selected():
         yield
 
 
-def build_drafter(vllm_config, quantized: bool = False):
-    """Our ``DeepSeekV4MTP`` as vLLM's loader builds it (default dtype bf16, fresh layer names)."""
+def build_drafter(vllm_config, cls=None, quantized: bool = False):
+    """``cls`` (default: ours for the config's model type, ``DeepSeekMTP`` or ``DeepSeekV4MTP``)
+    as vLLM's loader builds it: the model's default dtype, fresh layer names."""
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    from vllm_mtp_plugin.models.v4 import DeepSeekV4MTP
-
+    if cls is None:
+        if vllm_config.model_config.hf_config.model_type == "deepseek_v4":
+            from vllm_mtp_plugin.models.v4 import DeepSeekV4MTP as cls
+        else:
+            from vllm_mtp_plugin.models.v3 import DeepSeekMTP as cls
     # Each build registers its attention layers by name; a rebuild in the same config must not
     # collide with the previous one (an engine builds a drafter once).
     vllm_config.compilation_config.static_forward_context.clear()
-    with set_default_torch_dtype(torch.bfloat16), (cpu_quantized_kernels_selected() if quantized else contextlib.nullcontext()):
-        return DeepSeekV4MTP(vllm_config=vllm_config, prefix="")
+    kernels = cpu_quantized_kernels_selected() if quantized else contextlib.nullcontext()
+    with set_default_torch_dtype(vllm_config.model_config.dtype), kernels:
+        return cls(vllm_config=vllm_config, prefix="")
+
+
+def load_drafter(vllm_config, tensors: dict[str, torch.Tensor], cls=None, before_loading=None):
+    """``build_drafter``, every parameter loaded from ``tensors`` (checked), then processed.
+    ``before_loading(drafter)`` runs between construction and loading (to load through another
+    weight map, say)."""
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    drafter = build_drafter(vllm_config, cls)
+    if before_loading is not None:
+        before_loading(drafter)
+    loaded = drafter.load_weights(iter(tensors.items()))
+    assert loaded == {name for name, _ in drafter.named_parameters()}
+    process_weights_after_loading(drafter, vllm_config.model_config, torch.device("cpu"))
+    return drafter
 
 
 def v4_kernels_missing() -> list[str]:
     """Why vLLM's CPU V4 kernels (``_C``: the block's attention packing, ``hc_head``) are absent."""
     from vllm_mtp_plugin.platform import platform_family
-    from vllm_mtp_plugin.tools.cpu_features import CPU_FEATURES_FOR_V4, missing_cpu_features
+    from vllm_mtp_plugin.tools.engine.cpu_features import CPU_FEATURES_FOR_V4, missing_cpu_features
 
     return missing_cpu_features(*CPU_FEATURES_FOR_V4) if platform_family() == "cpu" else []
 
@@ -184,3 +212,20 @@ def attach_target_parts(drafter, tensors: dict[str, torch.Tensor]) -> None:
     head.quant_method.process_weights_after_loading(head)  # the target's head was processed too
     drafter.model.embed_tokens = embed
     drafter.lm_head = head
+
+
+def v3_target_embedding_and_head(tensors: dict[str, torch.Tensor]):
+    """The target's ``embed_tokens`` and ``lm_head`` (vLLM's parallel layers) holding the
+    checkpoint's tensors, the head processed as the target's loader leaves it: what vLLM's
+    proposers hand the drafter after loading."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
+
+    vocab, hidden = tensors["model.embed_tokens.weight"].shape
+    embed, head = VocabParallelEmbedding(vocab, hidden), ParallelLMHead(vocab, hidden)
+    embed.weight.data.copy_(tensors["model.embed_tokens.weight"])
+    head.weight.data.copy_(tensors["lm_head.weight"])
+    head.quant_method.process_weights_after_loading(head)
+    return embed, head

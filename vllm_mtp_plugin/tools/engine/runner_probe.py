@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .engine_modes import compilation_report
+from .modes import compilation_report
 
 V1_MODULE = "vllm.v1.worker.gpu_model_runner"
 V2_MODULE = "vllm.v1.worker.gpu.model_runner"
@@ -64,7 +64,7 @@ def record_layer_calls(worker) -> bool:
     if drafter is None:
         raise RuntimeError("no drafter in this worker: run with speculative decoding")
     if not runner.vllm_config.model_config.enforce_eager:
-        raise RuntimeError("recording MTP layer calls needs an eager engine (engine_modes: "
+        raise RuntimeError("recording MTP layer calls needs an eager engine (engine/modes.py: "
                            "\"layer-calls\")")
     calls = getattr(drafter, CALLS_ATTR, None)
     if calls is None:

@@ -13,8 +13,9 @@ teardown, which only frees memory.
 
 One server per environment (the key leaves out ``NOT_IN_KEY``: variables read by nothing at
 import); at most ``MAX_SERVERS`` live per process, the least recently used is stopped.
-``offline.run_config`` uses it when ``MTP_OFFLINE_FORK_SERVER=1`` (the test suite sets it); by
-default every engine runs in a plain new process.
+``offline.run_config`` starts its engines through this file's ``run`` when
+``MTP_OFFLINE_LAUNCHER`` names it (``tests/conftest.py`` does); by default every engine runs in a
+plain new process. It is test code: the installed package holds no fork server.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import time
 from collections import OrderedDict
 from typing import NoReturn
 
-SWITCH = "MTP_OFFLINE_FORK_SERVER"
 # A Python file the server runs after its imports, before it forks: a setting every child of the
 # server starts with (the test suite's tests/support/torch_caches.py).
 PRELOAD = "MTP_FORK_SERVER_PRELOAD"
@@ -47,10 +47,6 @@ NOT_IN_KEY = ("PYTEST_CURRENT_TEST", "MTP_PLUGIN")
 START_TIMEOUT = 300.0
 
 
-def enabled() -> bool:
-    return os.environ.get(SWITCH) == "1"
-
-
 class _Server:
     """One forking server process and the pipe it answers on."""
 
@@ -59,7 +55,7 @@ class _Server:
         # What the server prints while it imports (a child's output goes to its own log).
         self.output = tempfile.TemporaryFile(mode="w+")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "vllm_mtp_plugin.tools.fork_server", str(write_fd)],
+            [sys.executable, os.path.abspath(__file__), str(write_fd)],
             stdin=subprocess.PIPE, stdout=self.output, stderr=subprocess.STDOUT,
             pass_fds=(write_fd,), env=env, text=True)
         os.close(write_fd)
@@ -190,9 +186,12 @@ def _run_as_main(argv: list[str]) -> int:
 def _serve(reply_fd: int) -> int:
     from vllm import LLM  # noqa: F401  the import this server exists to pay once
 
-    # What ``python -m vllm_mtp_plugin.tools.offline`` imports before its engine (not offline
+    # What ``python -m vllm_mtp_plugin.tools.engine.offline`` imports before its engine (not offline
     # itself: a job runs it as __main__, which runpy wants absent from sys.modules).
-    from . import cpu_features, engine_modes, mrv2, runner_probe  # noqa: F401
+    import vllm_mtp_plugin.tools.engine.cpu_features  # noqa: F401
+    import vllm_mtp_plugin.tools.engine.modes  # noqa: F401
+    import vllm_mtp_plugin.tools.engine.mrv2  # noqa: F401
+    import vllm_mtp_plugin.tools.engine.runner_probe  # noqa: F401
 
     if os.environ.get(PRELOAD):
         runpy.run_path(os.environ[PRELOAD], run_name="fork_server_preload")

