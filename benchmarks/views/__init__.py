@@ -56,6 +56,12 @@ VIEWS: dict[str, View] = {
     **{f"training-loss-{serving.replace('_', '-')}": View(
         partial(training.loss_compare, serving), (training.file("loss"),))
        for serving, _, _ in training.LOSS_SERVINGS},
+    "training-default-run": View(training.default_run, (training.file("graft"),)),
+    "training-graft-seconds": View(partial(training.seconds, "graft"), (training.file("graft"),)),
+    "training-foreign-seconds": View(partial(training.seconds, "foreign"),
+                                     (training.file("foreign"),)),
+    "training-foreign-vs-graft": View(training.foreign_vs_graft,
+                                      (training.file("foreign"), training.file("graft"))),
     "training-refresh-perplexity": View(training.refresh_perplexity, (training.file("refresh"),)),
     "training-refresh-training": View(training.refresh_training, (training.file("refresh"),)),
     "training-refresh-vs-old": View(partial(

@@ -132,3 +132,31 @@ def loss_compare(serving: str) -> str:
     data = load(file("loss"))
     return comparison(interval("loss", data["kl"][serving]["2"], 0),
                       interval("loss", data["ce"][serving]["2"], 0))
+
+
+def default_run() -> str:
+    """"1,152 sequences, 151,611 tokens; 411 steps": what ``vllm-mtp train``'s defaults collected
+    and trained on in proof (a), as it recorded them."""
+    train = load(file("graft"))["train"]
+    return (f"{train['sequences']:,} sequences, {train['tokens']:,} tokens; "
+            f"{train['held_out']['step']:,} steps")
+
+
+def seconds(proof: str, key: str = "train") -> str:
+    """"254 s": collection and training of one proof's ``vllm-mtp train`` run, end to end."""
+    return f"{load(file(proof))[key]['seconds']:,} s"
+
+
+def foreign_vs_graft() -> str:
+    """How the layer trained on transformers' re-save of the target served against proof (a)'s
+    (same weights, same seeded training): "the same acceptance as (a) to the last digit (...)" or
+    the positions where they differ."""
+    foreign, graft = load(file("foreign"))["trained"], load(file("graft"))["trained_from_scratch"]
+    at3 = " / ".join(f"{p:.3f}" for p in foreign["3"]["per_position"])
+    differ = [f"k = {k} position {i + 1}: {a:.3f} against {b:.3f}"
+              for k in ("1", "2", "3")
+              for i, (a, b) in enumerate(zip(foreign[k]["per_position"],
+                                             graft[k]["per_position"])) if a != b]
+    if not differ:
+        return f"the same acceptance as (a) to the last digit ({at3} at k = 3)"
+    return f"acceptance {at3} at k = 3, not (a)'s to the digit ({'; '.join(differ)})"
