@@ -3,6 +3,7 @@
 # folder and then rendering the docs' tables from it (python benchmarks/tables.py):
 #   run_readme.sh [trained] [verify_bench] [verify_trained] [verify_avx2] [offline] [sizes] [serve]
 #                 [tune_bench] [tune_trained] [tune_sampled] [no_plugin] [v4tiny] [training]
+#                 [doctor]
 # (all without arguments; several hours on 2 cores). Run it on a quiet machine: every result row
 # records the CPU time other processes used meanwhile, and speed figures are medians over 3
 # engine processes per configuration.
@@ -98,7 +99,15 @@ training() {  # vllm-mtp train's proofs: graft, recursive, foreign, refresh, los
     python benchmarks/train_proofs.py plot
 }
 
-parts=${*:-trained verify_bench verify_trained verify_avx2 offline sizes serve tune_bench tune_trained tune_sampled no_plugin v4tiny training}
+doctor() {  # vllm-mtp doctor without a model: its checks and its time, the first run (empty vLLM cache)
+    local cache
+    cache=$(mktemp -d)
+    VLLM_CACHE_ROOT="$cache" vllm-mtp doctor --json "$OUT/doctor/selftest.json" \
+        --work-dir "$LOGS/doctor"
+    rm -rf "$cache"
+}
+
+parts=${*:-trained verify_bench verify_trained verify_avx2 offline sizes serve tune_bench tune_trained tune_sampled no_plugin v4tiny training doctor}
 for p in $parts; do
     "$p"
     python benchmarks/tables.py  # the docs' tables and figures from what the part wrote

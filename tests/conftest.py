@@ -116,7 +116,8 @@ def prompts():
 # pytest-xdist hands whole files to the two workers in collection order: longest first keeps both
 # busy to the end (in file order, a 2.7-min tail ran on one worker).
 LONGEST_FIRST = (
-    "test_engine_v3.py", "test_bench_e2e.py", "test_default_process_mode.py", "test_mla_verify.py",
+    "test_doctor_selftest.py", "test_engine_v3.py", "test_bench_e2e.py",
+    "test_default_process_mode.py", "test_mla_verify.py", "test_doctor.py",
     "test_trained_model.py", "test_tensor_parallel.py", "test_sampling.py", "test_server.py",
     "test_v4_e2e.py", "test_v4_generation.py", "test_compiled_layers.py", "test_train_e2e.py",
     "test_bad_requests.py", "test_aot_cache_patch.py", "test_tune_schedule.py", "test_graft.py",

@@ -40,6 +40,9 @@ hence here. ``tests/run_without_avx512.sh`` puts this directory on
 A fourth, ``MTP_TEST_TORCH_CACHE`` (a directory), runs ``tests/support/torch_caches.py``: engines
 of the test run share the code torch generated (see that file). ``tests/conftest.py`` sets it and
 puts this directory on ``PYTHONPATH`` for the whole suite.
+
+A fifth, ``MTP_TEST_FAULT`` (a fault's name), injects a serving fault into the plugin's drafter
+(``tests/support/faults.py``): ``vllm-mtp doctor``'s serving-mismatch case.
 """
 
 import os
@@ -369,10 +372,24 @@ def _shared_torch_caches() -> None:
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
+def _serving_fault(name: str) -> None:
+    """``tests/support/faults.py``'s fault ``name``, loaded from its file."""
+    import importlib.util
+
+    tests = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    path = os.path.join(tests, "support", "faults.py")
+    spec = importlib.util.spec_from_file_location("_mtp_test_faults", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install(name)
+
+
 if os.environ.get("MTP_TEST_HIDE_AVX512") == "1":
     _hide_avx512()
 if os.environ.get("MTP_TEST_TORCH_CACHE"):
     _shared_torch_caches()
+if os.environ.get("MTP_TEST_FAULT"):
+    _serving_fault(os.environ["MTP_TEST_FAULT"])
 if os.environ.get(SWITCH) == "1":
     _install_cpu_backend()
     if os.environ.get(TOP_K_TOP_P_SWITCH) == "pytorch":

@@ -10,6 +10,8 @@
 ``vllm-mtp train TARGET --out DIR``  train TARGET's MTP layer(s) on its own outputs, then export.
 ``vllm-mtp bench``       acceptance and throughput benchmark (``vllm-mtp bench --help``).
 ``vllm-mtp tune MODEL``  the num_speculative_tokens per batch size that serves fastest here.
+``vllm-mtp doctor [MODEL]``  check the plugin on this machine; with MODEL: why its acceptance is
+                         what it is (healthy, serving-mismatch, layer-mismatch, not-mtp).
 """
 
 from __future__ import annotations
@@ -131,6 +133,8 @@ COMMANDS = {
                                      fromlist=["main"]).main(argv),
     "bench": lambda argv: __import__("vllm_mtp_plugin.tools.bench.cli", fromlist=["main"]).main(argv),
     "tune": lambda argv: __import__("vllm_mtp_plugin.tools.tune.cli", fromlist=["main"]).main(argv),
+    "doctor": lambda argv: __import__("vllm_mtp_plugin.tools.doctor.cli",
+                                      fromlist=["main"]).main(argv),
 }
 
 

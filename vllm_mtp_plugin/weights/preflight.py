@@ -86,6 +86,29 @@ def tensor_problems(tensors: dict[str, dict], config: dict, model_dir: Path,
     return problems
 
 
+def drafter_kind(tensors: dict[str, dict], config: dict) -> str:
+    """What the checkpoint stores where its MTP layers belong: ``"mtp"`` (DeepSeek MTP layers,
+    complete or not), ``"dspark"`` (another drafter format under the MTP prefix) or ``"none"``
+    (no drafter: none declared, or the declared layers hold no tensor anywhere)."""
+    layout = layout_for(config)
+    if layout is None:
+        return "none"
+    declared = int(config.get("num_nextn_predict_layers") or 0)
+    by_layer: dict[int, set[str]] = {}
+    for name in tensors:
+        j = layout.layer_of(name)
+        if j is not None:
+            by_layer.setdefault(j, set()).add(name)
+    if any(_looks_like_dspark(layout, j, names) for j, names in by_layer.items() if j >= 0):
+        return "dspark"
+    own = set(layout.own())
+    # An MTP layer's own tensors anywhere (also at a shifted index, or undeclared), or tensors
+    # where a declared layer belongs: a layer that the start-up check's message can fix.
+    drafting = any(name.removeprefix(layout.prefix(j)) in own
+                   for j, names in by_layer.items() for name in names)
+    return "mtp" if drafting or any(by_layer.get(j) for j in range(declared)) else "none"
+
+
 def _missing(layout: Layout, j: int, model_dir: Path, config: dict, elsewhere: list[int]) -> str:
     wanted = layout.prefix(j) + "*"
     if elsewhere:

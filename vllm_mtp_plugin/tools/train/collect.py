@@ -39,6 +39,8 @@ class CollectSettings:
     max_len: int = 512  # prompt + continuation, in tokens
     sequences_per_shard: int = 256
     seed: int = 0
+    # Store what the served MTP layer returned too (``vllm-mtp doctor``'s layer comparison).
+    record_outputs: bool = False
 
 
 def _fingerprint(target: Path, prompts_path: Path, settings: CollectSettings) -> dict:
@@ -90,18 +92,19 @@ def _engine(model_dir: Path, dtype: str, max_len: int, engine_kwargs: dict):
     return LLM(str(model_dir), speculative_config=spec,
                enforce_eager=eager_for("training-collection"),
                enable_prefix_caching=False, enable_chunked_prefill=False,
-               max_model_len=max_len + 1, dtype=dtype,
+               max_model_len=max_len + 1, dtype=dtype, disable_log_stats=False,
                worker_extension_cls="vllm_mtp_plugin.recording.RecordingWorkerExtension",
                **{**extra, **engine_kwargs})
 
 
-def _record_prefills(llm, sequences: list[list[int]], raw: Path) -> tuple[list, list[int]]:
+def _record_prefills(llm, sequences: list[list[int]], raw: Path, outputs: bool = False
+                     ) -> tuple[list, list[int]]:
     """Prefill ``sequences`` with recording on; returns the recorded calls and each sequence's
     next token (the target's greedy choice)."""
     from safetensors.torch import load_file
     from vllm import SamplingParams, TokensPrompt
 
-    writers = llm.collective_rpc("start_mtp_recording", args=(str(raw),))
+    writers = llm.collective_rpc("start_mtp_recording", args=(str(raw), outputs))
     if not any(writers):
         raise RuntimeError("no vLLM worker recorded the drafter's inputs")
     outputs = llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences],
@@ -117,6 +120,8 @@ def collect(model_dir: str | Path, prompts_path: str | Path, data_dir: str | Pat
     """Fill ``data_dir`` with shards (``data.py``); returns the manifest. ``serve_dir`` is the
     checkpoint the engine loads (a scaffold with an MTP layer), ``model_dir`` the target."""
     from vllm import SamplingParams, TokensPrompt
+
+    from ..engine.metrics import counters_from_llm_metrics
 
     model_dir, data_dir, prompts_path = Path(model_dir), Path(data_dir), Path(prompts_path)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -151,21 +156,26 @@ def collect(model_dir: str | Path, prompts_path: str | Path, data_dir: str | Pat
                                                      settings.max_len - len(encoded[p])))
                   for p, k in chunk]
         started = time.monotonic()
+        before = counters_from_llm_metrics(llm.get_metrics())
         generated = llm.generate([TokensPrompt(prompt_token_ids=encoded[p]) for p, _ in chunk],
                                  params, use_tqdm=False)
         sequences = [encoded[p] + list(g.outputs[0].token_ids) for (p, _), g in
                      zip(chunk, generated)]
         generating = time.monotonic() - started
+        # The drafts this engine made while generating (k = 1): its served acceptance.
+        drafting = (counters_from_llm_metrics(llm.get_metrics()) - before).summary()
         with tempfile.TemporaryDirectory(dir=data_dir, prefix=".raw-") as raw:
-            calls, next_tokens = _record_prefills(llm, sequences, Path(raw))
+            calls, next_tokens = _record_prefills(llm, sequences, Path(raw),
+                                                  settings.record_outputs)
             fed = [s[1:] + [t] for s, t in zip(sequences, next_tokens)]
             hidden = assemble(calls, fed)
+            outputs = assemble(calls, fed, "output") if settings.record_outputs else None
         name = f"shard-{n:05d}.safetensors"
         write_shard(data_dir / name, sequences, next_tokens, hidden,
                     [len(encoded[p]) for p, _ in chunk],
-                    {"prompts": [p for p, _ in chunk], "target": str(model_dir)})
+                    {"prompts": [p for p, _ in chunk], "target": str(model_dir)}, outputs)
         manifest["shards"].append({"file": name, "first": first, "sequences": len(sequences),
-                                   "tokens": sum(map(len, sequences))})
+                                   "tokens": sum(map(len, sequences)), "spec_decode": drafting})
         manifest["skipped_long_prompts"] = skipped
         manifest_path.write_text(json.dumps(manifest, indent=1))
         progress(f"collected shard {n + 1}/{len(chunks)}: {len(sequences)} sequences, "

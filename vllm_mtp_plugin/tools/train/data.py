@@ -12,7 +12,9 @@ A data shard (``shard-00000.safetensors``) holds sequences back to back:
 * ``hidden`` ``[sum(T), H]`` (the target's dtype): row i of a sequence is the hidden state the
   MTP drafter received with position i (for DeepSeek-V3: the target's output after its final
   norm at token i) - recorded inside vLLM (``vllm_mtp_plugin.recording``);
-* ``lengths`` int64 ``[n]`` (T), ``prompt_lengths`` int64 ``[n]``.
+* ``lengths`` int64 ``[n]`` (T), ``prompt_lengths`` int64 ``[n]``;
+* optionally ``drafter_output`` ``[sum(T), H]``: what the served MTP layer returned for row i
+  (``vllm-mtp doctor`` compares it with the layer computed from the files).
 
 Nothing here is V3-specific: a V4 drafter's input (its hc-expanded state) is stored the same way.
 """
@@ -61,9 +63,10 @@ def encode_prompts(tokenizer, prompts: list, where: str) -> list[list[int]]:
     return out
 
 
-def assemble(calls: list[dict[str, torch.Tensor]], sequences: list[list[int]]
-             ) -> list[torch.Tensor]:
-    """Per sequence, the hidden states the drafter received at each of its positions.
+def assemble(calls: list[dict[str, torch.Tensor]], sequences: list[list[int]],
+             key: str = "hidden_states") -> list[torch.Tensor]:
+    """Per sequence, the recorded ``key`` (the hidden states the drafter received, or its
+    ``output``) at each of its positions.
 
     ``sequences[r]`` is what the drafter was fed for request r (token i+1 at position i, the
     target's chosen token at the last position). ``calls`` are the recorded drafter calls, in any
@@ -74,12 +77,12 @@ def assemble(calls: list[dict[str, torch.Tensor]], sequences: list[list[int]]
     for r, seq in enumerate(sequences):
         for p, token in enumerate(seq):
             by_start[(p, token)].append(r)
-    width = next((c["hidden_states"].shape[-1] for c in calls), 0)
-    dtype = next((c["hidden_states"].dtype for c in calls), torch.float32)
+    width = next((c[key].shape[-1] for c in calls), 0)
+    dtype = next((c[key].dtype for c in calls), torch.float32)
     rows = [torch.empty(len(s), width, dtype=dtype) for s in sequences]
     filled = [torch.zeros(len(s), dtype=torch.bool) for s in sequences]
     for call in calls:
-        ids, pos, hid = call["input_ids"].tolist(), call["positions"].tolist(), call["hidden_states"]
+        ids, pos, hid = call["input_ids"].tolist(), call["positions"].tolist(), call[key]
         o = 0
         while o < len(ids):
             matches = []
@@ -112,13 +115,16 @@ def assemble(calls: list[dict[str, torch.Tensor]], sequences: list[list[int]]
 
 
 def write_shard(path: Path, sequences: list[list[int]], next_tokens: list[int],
-                hidden: list[torch.Tensor], prompt_lengths: list[int], metadata: dict) -> None:
+                hidden: list[torch.Tensor], prompt_lengths: list[int], metadata: dict,
+                drafter_output: list[torch.Tensor] | None = None) -> None:
     from safetensors.torch import save_file
 
     tokens = torch.tensor([t for seq, nxt in zip(sequences, next_tokens) for t in (*seq, nxt)])
     tensors = {"tokens": tokens, "hidden": torch.cat(hidden).contiguous(),
                "lengths": torch.tensor([len(s) for s in sequences]),
                "prompt_lengths": torch.tensor(prompt_lengths)}
+    if drafter_output is not None:
+        tensors["drafter_output"] = torch.cat(drafter_output).contiguous()
     tmp = path.with_suffix(".partial")
     save_file(tensors, str(tmp), metadata={"format": DATA_FORMAT,
                                            **{k: json.dumps(v) for k, v in metadata.items()}})
@@ -126,7 +132,8 @@ def write_shard(path: Path, sequences: list[list[int]], next_tokens: list[int],
 
 
 class SequenceStore:
-    """All sequences of a data directory: ``(tokens [T+1], hidden [T, H])`` by index."""
+    """All sequences of a data directory: ``(tokens [T+1], hidden [T, H])`` by index, with each
+    one's prompt length and, where the shards hold it, the served layer's output (``outputs``)."""
 
     def __init__(self, data_dir: str | Path):
         from safetensors.torch import load_file
@@ -135,14 +142,20 @@ class SequenceStore:
         shards = sorted(self.dir.glob("shard-*.safetensors"))
         if not shards:
             raise TrainInputError(f"{self.dir}: no data shards (shard-*.safetensors).")
-        self.tokens, self.hidden = [], []
+        self.tokens, self.hidden, self.prompt_lengths, self.outputs = [], [], [], []
         for shard in shards:
             data = load_file(str(shard))
             t_off, h_off = 0, 0
+            self.prompt_lengths += data["prompt_lengths"].tolist()
             for length in data["lengths"].tolist():
                 self.tokens.append(data["tokens"][t_off:t_off + length + 1])
                 self.hidden.append(data["hidden"][h_off:h_off + length])
+                if "drafter_output" in data:
+                    self.outputs.append(data["drafter_output"][h_off:h_off + length])
                 t_off, h_off = t_off + length + 1, h_off + length
+        if self.outputs and len(self.outputs) != len(self.hidden):
+            raise TrainInputError(f"{self.dir}: some shards hold the drafter's output and some "
+                                  "do not; collect into one directory with the same options.")
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -62,28 +62,10 @@ def draft_methods(args: argparse.Namespace) -> list[str]:
 
 
 def engine_args(extra: list[str]) -> dict:
-    """vLLM engine arguments from the command line, as ``LLM(...)`` keywords (non-defaults only);
-    parsed by vLLM's own parser, so they mean what they mean to ``vllm serve``."""
-    if not extra:
-        return {}
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    """vLLM engine arguments from the command line, as ``LLM(...)`` keywords (non-defaults only)."""
+    from ..engine.engine_args import engine_args as parse
 
-    parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm-mtp tune"))
-    given, default = vars(parser.parse_args(extra)), vars(parser.parse_args([]))
-    args = {key: value for key, value in given.items() if default.get(key) != value}
-    for key, value in args.items():
-        try:
-            json.dumps(value)
-        except TypeError:
-            raise SystemExit(f"vllm-mtp tune: --{key.replace('_', '-')} is parsed by vLLM into "
-                             f"a {type(value).__name__}, which tune cannot hand to its engines; "
-                             "leave it out") from None
-    refused = sorted(set(args) & set(REFUSED))
-    if refused:
-        raise SystemExit(f"vllm-mtp tune sets {', '.join('--' + r.replace('_', '-') for r in refused)}"
-                         " itself (one engine per k, one pass per concurrency); leave it out")
-    return args
+    return parse(extra, "vllm-mtp tune", REFUSED, "one engine per k, one pass per concurrency")
 
 
 def resolve_model(checkpoint_arg: str, log=print) -> str:

@@ -1,0 +1,52 @@
+"""Serving faults a test injects into vLLM's processes, to show that ``vllm-mtp doctor`` tells a
+serving fault from a layer that does not fit. Test code only; never in the package.
+
+``MTP_TEST_FAULT=drafter-head``: the plugin's drafter computes its logits with the target's head
+rows shifted by one token (``logits.roll(1)``), as a drafter holding a wrong or mis-sharded head
+would: the layer's output is right, every draft token is the wrong one.
+``MTP_TEST_FAULT=drafter-norms``: after loading, each MTP layer's ``enorm`` and ``hnorm`` weights
+are swapped, as a loader that mixes them up would: the layer computes something else than its
+files say. Installed by the suite's
+``sitecustomize`` (``tests/mrv2_harness``) in every process a test starts or vLLM spawns, when
+the module is imported (an import hook: nothing is imported early).
+"""
+
+from vllm_mtp_plugin.patches.import_hooks import after_import
+
+FAULTS = ("drafter-head", "drafter-norms")
+
+
+def _shift_drafter_head(module) -> None:
+    predictor = module.DeepSeekMultiTokenPredictor
+    original = predictor.compute_logits
+
+    def compute_logits(self, hidden_states, spec_step_idx: int = 0):
+        logits = original(self, hidden_states, spec_step_idx)
+        return None if logits is None else logits.roll(1, dims=-1)
+
+    predictor.compute_logits = compute_logits
+
+
+def _swap_drafter_norms(module) -> None:
+    import torch
+
+    predictor = module.DeepSeekMultiTokenPredictor
+    original = predictor.load_weights
+
+    def load_weights(self, weights):
+        loaded = original(self, weights)
+        with torch.no_grad():
+            for layer in self.model.layers.values():
+                enorm = layer.enorm.weight.detach().clone()
+                layer.enorm.weight.copy_(layer.hnorm.weight)
+                layer.hnorm.weight.copy_(enorm)
+        return loaded
+
+    predictor.load_weights = load_weights
+
+
+def install(name: str) -> None:
+    faults = {"drafter-head": _shift_drafter_head, "drafter-norms": _swap_drafter_norms}
+    if name not in faults:
+        raise ValueError(f"MTP_TEST_FAULT={name!r}: not one of {FAULTS}")
+    after_import("vllm_mtp_plugin.models.predictor", faults[name])
