@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from . import acceptance, model, speed, training, tune
+from . import acceptance, doctor, model, speed, training, tune
 from .common import View
 
 TRAINED = (acceptance.TRAINED,)
@@ -12,6 +12,8 @@ TUNE = tuple(f"benchmarks/results/tune-{name}/{f}" for name in tune.MODELS
              for f in ("check.json", "tune.json"))
 
 VIEWS: dict[str, View] = {
+    "doctor-selftest": View(doctor.selftest_table, (doctor.SELFTEST,)),
+    "doctor-selftest-minutes": View(doctor.selftest_minutes, (doctor.SELFTEST,)),
     "trained-quality": View(model.quality_table, (model.RECORD,)),
     "trained-quality-sentence": View(model.quality_sentence, (model.RECORD,)),
     "trained-parameters": View(model.parameters, (model.RECORD,)),

@@ -1,0 +1,27 @@
+"""``vllm-mtp doctor`` without a model (``benchmarks/results/doctor``): its checks as they ran, and
+how long the whole run took."""
+
+from __future__ import annotations
+
+from .common import load, source_line, table
+
+SELFTEST = "benchmarks/results/doctor/selftest.json"
+
+
+def selftest_table() -> str:
+    """Each check, its status and its line, then the engines' mode and the wall time."""
+    data = load(SELFTEST)
+    rows = [[f"`{c['name']}`", c["status"], c["summary"].replace("|", "/")] for c in data["checks"]]
+    engines = data["engines"]
+    modes = sorted({f"runner {e['runner']}, {e['compilation']}" for e in engines.values()
+                    if e.get("runner")})
+    failed = sum(c["status"] == "fail" for c in data["checks"])
+    return "\n".join([
+        table(["check", "status", "what it measured"], rows), "",
+        f"{len(data['checks'])} checks, {failed} failed; {len(engines)} engines ({'; '.join(modes)}, "
+        f"engine core in its own process), {data['seconds'] / 60:.1f} min in all, the first run "
+        f"with an empty vLLM cache. {source_line(SELFTEST)}"])
+
+
+def selftest_minutes() -> str:
+    return f"{load(SELFTEST)['seconds'] / 60:.1f} min"
