@@ -129,6 +129,7 @@ def test_every_selftest_engine_runs_in_the_platforms_default_mode(tmp_path):
     assert {name: (c.default_process_mode, c.eager, c.runner) for name, c in configs.items()} == {
         name: (True, None, None) for name in plans}
     assert configs["noisy-tp"].llm_kwargs["tensor_parallel_size"] == 2
+    assert plans["noisy-tp"].env == selftest.cpu_thread_binding(2)
     assert configs["noisy-in-tree"].impl == "in-tree"
     # One directory for the one-layer checkpoints (one compile key), each engine's weights named.
     assert {c.model for n, c in configs.items() if n != "two-layers"} == {str(cp.served)}
@@ -201,3 +202,17 @@ def test_reference_figures_on_recorded_data(tmp_path):
         assert figures["accepted_by_k"][0] == figures["agreement"][0]
         assert figures["accepted_by_k"][1] <= figures["accepted_by_k"][0]
         assert 0 < figures["sampled"]["greedy_drafts"] < 1
+
+
+def test_tensor_parallel_ranks_get_their_cores_on_a_cpu(monkeypatch):
+    """vLLM refuses TP = 2 on one NUMA node unless the ranks' cores are named."""
+    import os
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    cores = sorted(os.sched_getaffinity(0))
+    binding = selftest.cpu_thread_binding(2)["VLLM_CPU_OMP_THREADS_BIND"]
+    groups = binding.split("|")
+    assert len(groups) == 2 and groups[0].startswith(str(cores[0]))
+    assert selftest.cpu_thread_binding(1) == {}
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    assert selftest.cpu_thread_binding(2) == {}  # the user's own binding stands

@@ -113,6 +113,27 @@ def _random_eh_proj(name: str):
 class Plan:
     config: OfflineConfig
     weights: Path | None = None  # copied into the served directory before the engine starts
+    env: dict = dataclasses.field(default_factory=dict)  # over the engine's environment
+
+
+def cpu_thread_binding(ranks: int) -> dict[str, str]:
+    """On a CPU, tensor-parallel ranks need their cores named unless the CPUs span a NUMA node
+    per rank (vLLM: "Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"): the
+    allowed cores split into ``ranks`` groups, ``VLLM_CPU_OMP_THREADS_BIND="0|1"`` on 2 cores.
+    Nothing where the user set it, or off CPUs."""
+    import os
+
+    from ...platform import platform_family
+
+    if ranks < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ or platform_family() != "cpu":
+        return {}
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < ranks:
+        return {}
+    per = len(cores) // ranks
+    groups = [cores[i * per:(i + 1) * per] for i in range(ranks)]
+    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(
+        f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)}
 
 
 def engine_plans(cp: Checkpoints, dtype: str, prompts: list[str],
@@ -124,14 +145,14 @@ def engine_plans(cp: Checkpoints, dtype: str, prompts: list[str],
                "sampling": {"temperature": 1.0, "seed": 0, "max_tokens": SAMPLED_MAX_TOKENS}}
 
     def plan(weights: str | None, k: int, passes: list, impl: str = "plugin",
-             llm_kwargs: dict | None = None) -> Plan:
+             llm_kwargs: dict | None = None, env: dict | None = None) -> Plan:
         model = cp.served if weights else cp.two_layers
         return Plan(OfflineConfig(model=str(model), num_speculative_tokens=k, impl=impl,
                                   prompts=passes[0]["prompts"], passes=passes,
                                   max_tokens=MAX_TOKENS,
                                   llm_kwargs={"dtype": dtype, **(llm_kwargs or {})},
                                   default_process_mode=True),
-                    cp.weights[weights] if weights else None)
+                    cp.weights[weights] if weights else None, env or {})
 
     plans = {"target": plan("noisy", 0, [greedy, sampled])}
     for k in K_ORACLE:
@@ -141,7 +162,8 @@ def engine_plans(cp: Checkpoints, dtype: str, prompts: list[str],
     plans["two-layers"] = plan(None, K, [greedy])
     if tensor_parallel > 1:
         plans["noisy-tp"] = plan("noisy", K, [greedy],
-                                 llm_kwargs={"tensor_parallel_size": tensor_parallel})
+                                 llm_kwargs={"tensor_parallel_size": tensor_parallel},
+                                 env=cpu_thread_binding(tensor_parallel))
     return plans
 
 
@@ -157,7 +179,7 @@ def run_engines(plans: dict[str, Plan], served: Path, log_dir: Path, timeout: fl
             if plan.weights is not None:
                 shutil.copyfile(plan.weights, served / "model.safetensors")
             results[name] = run_config(plan.config, timeout=timeout,
-                                       log_path=str(log_dir / f"{name}.log"))
+                                       log_path=str(log_dir / f"{name}.log"), env=plan.env)
             results[name]["wall_s"] = time.monotonic() - started
         except Exception as exc:  # one broken engine fails its checks, not the whole report
             results[name] = {"error": f"{type(exc).__name__}: {exc}"[-2000:],

@@ -125,8 +125,9 @@ def advice(reference: dict | None, probe: dict | None) -> list[str]:
     if sampled["greedy_drafts"] is not None:
         greedy, prob = sampled["greedy_drafts"], sampled["probabilistic_drafts"]
         better = "probabilistic" if prob > greedy + 0.02 else "greedy"
-        lines.append(f"temperature: at T = {sampled['temperature']:g} the first draft would be "
-                     f"accepted {greedy:.2f} of the time with greedy drafts (vLLM's default) and "
-                     f"{prob:.2f} with probabilistic drafts: for sampled traffic set "
-                     f'"draft_sample_method": "{better}"')
+        lines.append(f"temperature: sampling at T = {sampled['temperature']:g} on the greedy "
+                     f"continuations, the first draft would be accepted {greedy:.2f} of the time "
+                     f"with greedy drafts (vLLM's default) and {prob:.2f} with probabilistic "
+                     "drafts (sampled text is less predictable: served figures come out lower, "
+                     f'the order holds): for sampled traffic set "draft_sample_method": "{better}"')
     return lines

@@ -207,10 +207,10 @@ def dspark_tensors(arch: TinyV4Arch, init: _Init) -> dict:
     t = {}
     for stage in range(3):
         t.update(block_tensors(arch, f"mtp.{stage}", init, 0.02))
-    t[f"mtp.0.main_proj.weight"] = (init.normal(h, 2 * h), LINEAR)
-    t[f"mtp.0.main_norm.weight"] = (torch.ones(h), PLAIN)
-    t[f"mtp.2.norm.weight"] = (torch.ones(h), PLAIN)
-    t[f"mtp.2.markov_head.weight"] = (init.normal(16, h), PLAIN)
+    t["mtp.0.main_proj.weight"] = (init.normal(h, 2 * h), LINEAR)
+    t["mtp.0.main_norm.weight"] = (torch.ones(h), PLAIN)
+    t["mtp.2.norm.weight"] = (torch.ones(h), PLAIN)
+    t["mtp.2.markov_head.weight"] = (init.normal(16, h), PLAIN)
     t.update(hc_head_tensors(arch, "mtp.2.", init))
     return t
 
