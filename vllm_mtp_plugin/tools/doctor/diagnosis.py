@@ -126,6 +126,15 @@ def collect_reference_data(model: Path, settings: DiagnosisSettings, work: Path,
     return json.loads((work / "data" / "manifest.json").read_text())
 
 
+def engine_failure(exc: Exception, log: Path) -> str:
+    """One line on why an engine failed: the last error line of its log, and where the log is
+    (kept with ``--work-dir``)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error" in line]
+    last = (errors or lines or [type(exc).__name__])[-1]
+    return f"the engine failed: {last[-300:]} (log: {log}; keep it with --work-dir)"
+
+
 def eager_counters(manifest: dict) -> dict:
     """The collecting engine's own drafts (k = 1, eager), summed over its shards."""
     drafts = sum((s.get("spec_decode") or {}).get("num_drafts") or 0 for s in manifest["shards"])
@@ -161,8 +170,14 @@ def diagnose(model: Path, settings: DiagnosisSettings, work: Path, progress=prin
     prompts = load_training_prompts(settings.prompts)
     progress(f"served probe: k = {PROBE_K}, {len(prompts)} prompts x {settings.max_tokens} tokens")
     started = time.monotonic()
-    run = run_config(probe_config(model, settings, prompts), timeout=settings.timeout,
-                     log_path=str(work / "probe.log"), env=user_process_mode())
+    try:
+        run = run_config(probe_config(model, settings, prompts), timeout=settings.timeout,
+                         log_path=str(work / "probe.log"), env=user_process_mode())
+    except Exception as exc:  # the engine's own error is the finding: report it, do not crash
+        why = engine_failure(exc, work / "probe.log")
+        checks.append(check("served-probe", False, why, error=str(exc)[-4000:]))
+        return {**result, "checks": checks,
+                **decide(kind, problems, None, None, None, report, why)}
     probe = counted(summed_counters(run["runs"]))
     checks.append(check("served-probe", bool(probe["drafts"]),
                         f"drafter {(run.get('drafter') or {}).get('class')}, runner "
@@ -178,7 +193,13 @@ def diagnose(model: Path, settings: DiagnosisSettings, work: Path, progress=prin
 
         progress("reference: recording the drafter's inputs, then the layer from the files")
         started = time.monotonic()
-        manifest = collect_reference_data(model, settings, work, work / "collect.log")
+        try:
+            manifest = collect_reference_data(model, settings, work, work / "collect.log")
+        except Exception as exc:  # as for the probe: the failure is reported, the verdict waits
+            reason = engine_failure(exc, work / "collect.log")
+            checks.append(check("reference", False, reason, error=str(exc)[-4000:]))
+            return {**result, "checks": checks, "probe": probe,
+                    **decide(kind, problems, probe, None, None, report, reason)}
         eager = eager_counters(manifest)
         unroll = "chained" if run["runner"] == "v2" else "recursive"
         reference = evaluate(model, work / "data", settings.depth, unroll)

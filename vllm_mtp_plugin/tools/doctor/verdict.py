@@ -14,7 +14,7 @@ serving problem; a layer that does not agree with its target even on its own is 
   can cost ten points of acceptance and still be measured;
 * ``layer-mismatch``: the layer's own agreement below ``LAYER_MIN_AGREEMENT``;
 * ``healthy``: neither;
-* ``undetermined``: no reference could be computed (the reason is given).
+* ``undetermined``: no reference could be computed, or an engine failed (the reason is given).
 """
 
 from __future__ import annotations
