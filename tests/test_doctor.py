@@ -10,13 +10,12 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-import torch
 
 from vllm_mtp_plugin.tools.doctor.cli import main
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint as build_v4
 
-from support.checkpoint_edits import drop, edited_copy
+from support.checkpoint_edits import drop, edited_copy, noise
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
@@ -32,17 +31,8 @@ def trained_model(tmp_path_factory):
 
 def _noised(source: Path, dest: Path, scale: float) -> Path:
     """The MTP layer's own and block tensors with Gaussian noise ``scale`` times their spread."""
-    generator = torch.Generator().manual_seed(0)
-    mtp_prefix = f"model.layers.{trained.ARCH.num_hidden_layers}."
-
-    def add_noise(tensors):
-        for name, t in tensors.items():
-            if name.startswith(mtp_prefix) and t.dim() == 2 and "embed" not in name \
-                    and "shared_head.head" not in name:
-                noise = torch.randn(t.shape, generator=generator) * t.float().std() * scale
-                tensors[name] = (t.float() + noise).to(t.dtype)
-
-    return edited_copy(source, dest, tensors=add_noise)
+    return edited_copy(source, dest, tensors=noise(
+        f"model.layers.{trained.ARCH.num_hidden_layers}.", scale))
 
 
 def _diagnose(model: Path, tmp_path: Path, *extra: str) -> dict:

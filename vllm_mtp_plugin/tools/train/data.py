@@ -31,6 +31,7 @@ from ..prompt_files import PromptFileError, prompt_of, read_records
 from .target import TrainInputError
 
 DATA_FORMAT = "vllm-mtp-train-data/1"
+SHARD_FORMATS = {DATA_FORMAT}
 
 
 def load_training_prompts(path: str | Path) -> list:
@@ -64,15 +65,37 @@ def encode_prompts(tokenizer, prompts: list, where: str) -> list[list[int]]:
 
 
 def assemble(calls: list[dict[str, torch.Tensor]], sequences: list[list[int]],
-             key: str = "hidden_states") -> list[torch.Tensor]:
+             key: str = "hidden_states", allow_missing: bool = False
+             ) -> list[torch.Tensor | None]:
     """Per sequence, the recorded ``key`` (the hidden states the drafter received, or its
     ``output``) at each of its positions.
 
     ``sequences[r]`` is what the drafter was fed for request r (token i+1 at position i, the
     target's chosen token at the last position). ``calls`` are the recorded drafter calls, in any
     batching and chunking: runs of consecutive positions are matched to the requests whose tokens
-    they carry. Raises when a position was never seen.
+    they carry. Raises when a position was never seen (``allow_missing``: that sequence is None).
     """
+    rows, filled = _match(calls, sequences, key)
+    for r, done in enumerate(filled):
+        if not bool(done.all()):
+            if allow_missing:
+                rows[r] = None
+                continue
+            first = int((~done).nonzero()[0])
+            raise RuntimeError(f"the drafter never received position {first} of sequence {r}: "
+                               "the collecting engine must run without prefix caching and "
+                               "without chunked prefill.")
+    return rows
+
+
+def positions_received(calls: list[dict[str, torch.Tensor]], sequences: list[list[int]]
+                       ) -> list[int]:
+    """Per sequence, how many of its positions the recorded calls hold (``assemble``'s matching):
+    what recording the engine's own passes would give."""
+    return [int(done.sum()) for done in _match(calls, sequences, "hidden_states")[1]]
+
+
+def _match(calls, sequences, key):
     by_start = defaultdict(list)
     for r, seq in enumerate(sequences):
         for p, token in enumerate(seq):
@@ -105,18 +128,16 @@ def assemble(calls: list[dict[str, torch.Tensor]], sequences: list[list[int]],
                 rows[r][pos[o]:pos[o] + n][free] = hid[o:o + n][free]
                 filled[r][pos[o]:pos[o] + n] = True
             o += max(matches)[0]
-    for r, done in enumerate(filled):
-        if not bool(done.all()):
-            first = int((~done).nonzero()[0])
-            raise RuntimeError(f"the drafter never received position {first} of sequence {r}: "
-                               "the collecting engine must run without prefix caching and "
-                               "without chunked prefill.")
-    return rows
+    return rows, filled
 
 
 def write_shard(path: Path, sequences: list[list[int]], next_tokens: list[int],
                 hidden: list[torch.Tensor], prompt_lengths: list[int], metadata: dict,
-                drafter_output: list[torch.Tensor] | None = None) -> None:
+                drafter_output: list[torch.Tensor] | None = None, private: bool = False) -> None:
+    """Write under a temporary name, then rename: a reader never sees half a shard.
+    ``private``: readable by the owner only from its first byte (recorded traffic)."""
+    import os
+
     from safetensors.torch import save_file
 
     tokens = torch.tensor([t for seq, nxt in zip(sequences, next_tokens) for t in (*seq, nxt)])
@@ -126,9 +147,35 @@ def write_shard(path: Path, sequences: list[list[int]], next_tokens: list[int],
     if drafter_output is not None:
         tensors["drafter_output"] = torch.cat(drafter_output).contiguous()
     tmp = path.with_suffix(".partial")
+    if private:  # created 0600 before any data goes in; save_file keeps the mode
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
     save_file(tensors, str(tmp), metadata={"format": DATA_FORMAT,
                                            **{k: json.dumps(v) for k, v in metadata.items()}})
     tmp.rename(path)
+
+
+def shard_summary(data_dir: Path) -> dict:
+    """What a data directory holds, from the shards' headers only: ``shards``, ``sequences``,
+    ``tokens``, ``hidden_size``, ``formats`` and the ``first`` shard's name."""
+    from safetensors import safe_open
+
+    shards = sorted(Path(data_dir).glob("shard-*.safetensors"))
+    if not shards:
+        raise TrainInputError(f"{data_dir}: no data shards (shard-*.safetensors): record some "
+                              "with vllm-mtp serve --record DIR, or give a prompt file.")
+    summary = {"shards": len(shards), "sequences": 0, "tokens": 0, "hidden_size": None,
+               "formats": set(), "first": shards[0].name}
+    for shard in shards:
+        try:
+            with safe_open(str(shard), "pt") as f:
+                summary["formats"].add((f.metadata() or {}).get("format", "none"))
+                n = f.get_slice("lengths").get_shape()[0]
+                summary["sequences"] += n
+                summary["tokens"] += f.get_slice("tokens").get_shape()[0] - n
+                summary["hidden_size"] = f.get_slice("hidden").get_shape()[-1]
+        except Exception as exc:  # noqa: BLE001 - named with the file
+            raise TrainInputError(f"{shard}: not a readable data shard ({exc}).") from None
+    return summary
 
 
 class SequenceStore:

@@ -1,0 +1,161 @@
+"""``vllm-mtp serve --record`` end to end: requests through the OpenAI API become training shards
+(every position of prompt and output, prefix-cached or not, streamed or not), outputs stay what
+the target alone gives, and ``vllm-mtp train --data`` trains from the shards.
+
+One server of the trained tiny DeepSeek as users run it: compiled, vLLM's default process mode,
+prefix caching and chunked prefill at vLLM's defaults, MTP k = 1, fp32 (so that greedy outputs
+equal transformers' fp32 greedy: ``test_trained_model.py``)."""
+
+import json
+import stat
+import subprocess
+import sys
+import threading
+import time
+from importlib import resources
+
+import pytest
+import torch
+from openai import OpenAI
+
+from vllm_mtp_plugin.tools.engine import metrics
+from vllm_mtp_plugin.tools.engine.server import Server
+from vllm_mtp_plugin.tools.tiny import trained
+from vllm_mtp_plugin.tools.train.data import SequenceStore
+
+from support.target_greedy import mismatches
+
+pytestmark = pytest.mark.engine
+
+MAX_TOKENS = 24
+RECORDS = [json.loads(line) for line in resources.files("vllm_mtp_plugin.tools")
+           .joinpath("data/trained_prompts.jsonl").read_text().splitlines()]
+PROMPTS = [r["prompt"] for r in RECORDS if "prompt" in r][::2][:4]  # code and prose
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return trained.write_checkpoint(tmp_path_factory.mktemp("live") / "trained", 1)
+
+
+@pytest.fixture(scope="module")
+def served(model, tmp_path_factory):
+    """The server, its recording directory, and what the client sent and got back."""
+    root = tmp_path_factory.mktemp("live-serve")
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    with Server(model, ["--speculative-config", spec, "--served-model-name", "t",
+                        "--max-model-len", "512", "--dtype", "float32",
+                        "--record", str(root / "recorded"), "--record-fraction", "1"],
+                log_path=root / "serve.log",
+                env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) as server:
+        client = OpenAI(base_url=server.base_url, api_key="EMPTY")
+        sent, acceptance = _traffic(client, server.base_url)
+        store = _wait_for_shards(root / "recorded", len(sent))
+        yield {"server": server, "dir": root / "recorded", "sent": sent, "store": store,
+               "acceptance": acceptance, "log": root / "serve.log", "model": model}
+
+
+def _completion(client, prompt, temperature=0.0, **kwargs):
+    done = client.completions.create(model="t", prompt=prompt, max_tokens=MAX_TOKENS,
+                                     temperature=temperature,
+                                     extra_body={"return_token_ids": True}, **kwargs)
+    return [(list(done.choices[0].prompt_token_ids or done.prompt_token_ids or []),
+             list(c.token_ids)) for c in done.choices]
+
+
+def _traffic(client, base_url) -> tuple[list[tuple[list[int], list[int]]], dict]:
+    """Greedy completions, two rounds (the second while the first round's recording windows
+    run; its prompts are prefix-cached), a streamed chat and two sampled completions of one.
+    Returns what was sent and got, and the served acceptance of the greedy rounds."""
+    sent = []
+    before = metrics.scrape(base_url)
+    for _ in range(2):
+        threads, results = [], [None] * len(PROMPTS)
+        for i, prompt in enumerate(PROMPTS):
+            def run(i=i, prompt=prompt):
+                results[i] = _completion(client, prompt)
+            threads.append(threading.Thread(target=run))
+            threads[-1].start()
+        for thread in threads:
+            thread.join()
+        sent += [pair for result in results for pair in result]
+    acceptance = (metrics.scrape(base_url) - before).summary()
+    stream = client.chat.completions.create(
+        model="t", messages=[{"role": "user", "content": "Write a loop in C."}],
+        max_tokens=MAX_TOKENS, temperature=0.0, stream=True,
+        extra_body={"return_token_ids": True})
+    prompt_ids, output_ids = [], []
+    for chunk in stream:
+        prompt_ids = list(getattr(chunk, "prompt_token_ids", None) or prompt_ids)
+        for choice in chunk.choices:
+            output_ids += list(getattr(choice, "token_ids", None) or [])
+    sent.append((prompt_ids, output_ids))
+    sent += _completion(client, PROMPTS[0], n=2, temperature=1.0, seed=7)
+    return sent, acceptance
+
+
+def _wait_for_shards(directory, expected: int, timeout: float = 120.0) -> SequenceStore:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if list(directory.glob("shard-*.safetensors")):
+            store = SequenceStore(directory)
+            if len(store) >= expected:
+                return store
+        time.sleep(1.0)
+    raise AssertionError(f"{expected} recorded sequences expected in {directory} within "
+                         f"{timeout:.0f} s; found {list(directory.iterdir())}")
+
+
+def test_every_finished_request_is_recorded_whole(served):
+    store, sent = served["store"], served["sent"]
+    assert all(prompt and output for prompt, output in sent), sent
+    recorded = sorted((t[:-1].tolist(), p) for t, p in zip(store.tokens, store.prompt_lengths))
+    expected = sorted((prompt + output, len(prompt)) for prompt, output in sent)
+    assert recorded == expected
+    # One hidden state per position, of the target's width, none left at its empty value.
+    for tokens, hidden in zip(store.tokens, store.hidden):
+        assert hidden.shape == (len(tokens) - 1, store.hidden_size)
+        assert bool(torch.isfinite(hidden).all()) and float(hidden.abs().sum(-1).min()) > 0
+    log = served["log"].read_text(errors="replace")
+    assert "vllm-mtp record: shard-" in log and "failed" not in log.split("vllm-mtp record")[-1]
+
+
+def test_shards_are_private(served):
+    assert stat.S_IMODE(served["dir"].stat().st_mode) == 0o700
+    for shard in served["dir"].glob("shard-*"):
+        assert stat.S_IMODE(shard.stat().st_mode) == 0o600, shard
+    assert not list(served["dir"].glob("*.partial")) and not list(served["dir"].glob(".raw-*"))
+
+
+def test_recorded_states_are_what_the_drafter_serves_on(served):
+    """The checkpoint's own layer on the recorded states agrees with the target about as often
+    as the served drafts were accepted (the same layer on the same inputs): rows shifted by one
+    position or taken from another request would agree at chance (~0)."""
+    from vllm_mtp_plugin.tools.doctor.reference import evaluate
+
+    own = evaluate(served["model"], served["dir"], 1, "recursive", device="cpu")
+    served_rate = served["acceptance"]["acceptance_rate"]
+    assert own["positions"] > 150
+    assert own["agreement"][0] > 0.5, own
+    assert abs(own["agreement"][0] - served_rate) < 0.12, (own["agreement"], served_rate)
+
+
+def test_greedy_outputs_are_the_targets_own_while_recording(served):
+    """Both greedy rounds (the second overlapping the first's re-prefills) equal transformers'
+    fp32 greedy continuation of the same prompt ids: recording changed no output."""
+    assert mismatches(served["model"], served["sent"][:2 * len(PROMPTS)]) == []
+
+
+def test_train_from_recorded_shards(served, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_mtp_plugin.tools.cli", "train", str(served["model"]),
+         "--data", str(served["dir"]), "--out", str(tmp_path / "out"), "--steps", "4",
+         "--batch-size", "2", "--quiet"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    n = len(served["store"])
+    assert f"[1/3] recorded data: {n} sequences" in done.stdout
+    assert "collecting" not in done.stdout
+    report = json.loads((tmp_path / "out" / "training" / "training.json").read_text())
+    assert report["sequences"] == n and report["trainable_parameters"] > 0
+    assert (tmp_path / "out" / "config.json").exists()
+    assert (tmp_path / "out" / "training" / "loss.png").stat().st_size > 0

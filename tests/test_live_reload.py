@@ -1,0 +1,173 @@
+"""``vllm-mtp serve --enable-layer-reload`` + ``vllm-mtp reload``: the drafter's layer replaced in
+a running server. Served as users run it (compiled, default process mode, ``--api-key``), the
+trained tiny DeepSeek starts with a noised copy of its layer (low acceptance) and is swapped to
+its own layer while a request streams: nothing fails, greedy outputs stay the target's own,
+acceptance afterwards is exactly what a fresh server with that layer gives (tokens and every
+counter), ``/metrics`` tells the versions apart, and a layer that does not fit is refused."""
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+from openai import OpenAI
+
+from vllm_mtp_plugin.tools.engine import metrics
+from vllm_mtp_plugin.tools.engine.server import Server
+from vllm_mtp_plugin.tools.live.reload_client import main as reload_main, request_reload
+from vllm_mtp_plugin.tools.tiny import trained
+
+from support.checkpoint_edits import edited_copy, noise
+from support.target_greedy import mismatches
+
+pytestmark = pytest.mark.engine
+
+KEY = "test-key"
+MAX_TOKENS = 32
+PROMPTS = [json.loads(line)["prompt"] for line in (trained.shipped_dir().parent /
+                                                   "trained_prompts.jsonl").read_text().splitlines()
+           ][::3]
+
+
+def _serve(model, log, *extra, env=None):
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    return Server(model, ["--speculative-config", spec, "--served-model-name", "t",
+                          "--max-model-len", "512", "--dtype", "float32", *extra],
+                  log_path=log, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1", **(env or {})})
+
+
+def _greedy(server, prompts=PROMPTS):
+    """Tokens of each prompt (sent one at a time: counters comparable between servers) and the
+    counters they moved."""
+    client = OpenAI(base_url=server.base_url, api_key=KEY)
+    before = metrics.scrape(server.base_url)
+    tokens = []
+    for prompt in prompts:
+        done = client.completions.create(model="t", prompt=prompt, max_tokens=MAX_TOKENS,
+                                         temperature=0.0, extra_body={"return_token_ids": True,
+                                                                      "ignore_eos": True})
+        tokens.append((list(done.choices[0].prompt_token_ids), list(done.choices[0].token_ids)))
+    return tokens, (metrics.scrape(server.base_url) - before).summary()
+
+
+def _layer(server) -> dict:
+    return json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{server.port}/v1/mtp/layer",
+        headers={"Authorization": f"Bearer {KEY}"})).read())
+
+
+@pytest.fixture(scope="module")
+def layers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reload")
+    good = trained.write_checkpoint(root / "layers" / "trained", 1)
+    noised = edited_copy(good, root / "served-noised", tensors=noise(
+        f"model.layers.{trained.ARCH.num_hidden_layers}.", 1.0))
+    wider = edited_copy(good, root / "layers" / "other-shape", hidden_size=trained.ARCH.
+                        hidden_size * 2)
+    return {"root": root, "good": good, "noised": noised, "other": wider}
+
+
+@pytest.fixture(scope="module")
+def swapped(layers):
+    """Serve the noised layer, measure, swap to the trained one mid-stream, measure again."""
+    root = layers["root"]
+    with _serve(layers["noised"], root / "serve.log", "--api-key", KEY,
+                "--enable-layer-reload", str(root / "layers")) as server:
+        before_tokens, before = _greedy(server)
+        client = OpenAI(base_url=server.base_url, api_key=KEY)
+        streamed = {}
+
+        def stream():
+            out = client.completions.create(
+                model="t", prompt=PROMPTS[0], max_tokens=160, temperature=0.0, stream=True,
+                extra_body={"return_token_ids": True, "ignore_eos": True})
+            ids = []
+            for chunk in out:
+                streamed.setdefault("prompt", getattr(chunk.choices[0], "prompt_token_ids", None))
+                ids += list(getattr(chunk.choices[0], "token_ids", None) or [])
+                if len(ids) >= 8 and "reload" not in streamed:  # the swap while it streams
+                    streamed["reload"] = request_reload(server.base_url, str(layers["good"]),
+                                                        KEY)
+            streamed["tokens"] = ids
+
+        thread = threading.Thread(target=stream)
+        thread.start()
+        thread.join(300)
+        # The prefix cache (the old layer's KV entries) is reset once nothing runs.
+        deadline = time.monotonic() + 30
+        while not _layer(server).get("prefix_cache_reset") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        after_tokens, after = _greedy(server)
+        refusals = {
+            "outside": request_reload(server.base_url, str(layers["noised"]), KEY),
+            "other-shape": request_reload(server.base_url, "other-shape", KEY),
+            "no-key": request_reload(server.base_url, str(layers["good"]), None),
+        }
+        page = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read().decode()
+        still_tokens, still = _greedy(server, PROMPTS[:2])
+        layer = _layer(server)
+    return {"before": (before_tokens, before), "after": (after_tokens, after),
+            "streamed": streamed, "refusals": refusals, "metrics": page, "layer": layer,
+            "still": (still_tokens, still), "log": (root / "serve.log").read_text()}
+
+
+def test_the_swap_happens_while_a_request_streams(swapped):
+    status, answer = swapped["streamed"]["reload"]
+    assert status == 200, answer
+    assert answer["version"] == 1 and answer["path"].endswith("layers/trained")
+    assert len(swapped["streamed"]["tokens"]) == 160  # the in-flight request finished whole
+    assert swapped["layer"]["version"] == 1 and swapped["layer"]["prefix_cache_reset"] is True
+    assert "vllm-mtp reload: version 1 serves" in swapped["log"]
+
+
+def test_outputs_stay_the_targets_own_across_the_swap(swapped, layers):
+    streamed = swapped["streamed"]
+    cases = [*swapped["before"][0], *swapped["after"][0],
+             (swapped["before"][0][0][0], streamed["tokens"])]
+    assert mismatches(layers["good"], cases) == []
+
+
+def test_after_the_swap_it_drafts_exactly_as_a_server_started_with_that_layer(swapped, layers):
+    with _serve(layers["good"], layers["root"] / "fresh.log") as fresh:
+        fresh_tokens, fresh_counts = _greedy(fresh)
+    after_tokens, after = swapped["after"]
+    before = swapped["before"][1]
+    assert after_tokens == fresh_tokens
+    assert after == fresh_counts
+    assert after["acceptance_rate"] > before["acceptance_rate"] + 0.3, (before, after)
+
+
+def test_a_layer_that_does_not_fit_is_refused_and_the_old_one_keeps_serving(swapped):
+    refusals = swapped["refusals"]
+    status, answer = refusals["outside"]
+    assert status == 403 and "outside" in answer["error"] and "--enable-layer-reload" in answer[
+        "error"]
+    status, answer = refusals["other-shape"]
+    assert status == 400 and answer["version"] == 1
+    assert "config.json hidden_size" in answer["error"] and "old layer keeps serving" in answer[
+        "error"]
+    assert refusals["no-key"][0] == 401
+    # Still version 1, drafting as after the swap.
+    assert swapped["still"][0] == swapped["after"][0][:2]
+    assert swapped["still"][1]["acceptance_rate"] > swapped["before"][1]["acceptance_rate"]
+
+
+def test_metrics_tell_the_versions_apart(swapped):
+    page = metrics.parse_prometheus(swapped["metrics"])
+    value = {(name, dict(labels).get("version")): v for (name, labels), v in page.items()
+             if name.startswith("vllm_mtp:")}
+    assert value[("vllm_mtp:drafter_layer_version", None)] == 1
+    before, after = swapped["before"][1], swapped["after"][1]
+    drafts = "vllm_mtp:spec_decode_num_drafts_by_layer_total"
+    accepted = "vllm_mtp:spec_decode_num_accepted_tokens_by_layer_total"
+    # Version 0 drafted the first round (and the stream up to the swap), version 1 the rest.
+    assert value[(accepted, "0")] >= before["num_accepted_tokens"]
+    assert value[(drafts, "1")] >= after["num_drafts"]
+    assert value[(accepted, "1")] / value[(drafts, "1")] > value[(accepted, "0")] / value[
+        (drafts, "0")] + 0.3
+
+
+def test_reload_command_line(layers, capsys):
+    assert reload_main(["http://127.0.0.1:9", str(layers["good"])]) == 1
+    assert "cannot reach http://127.0.0.1:9/v1/mtp/reload" in capsys.readouterr().out

@@ -1,0 +1,247 @@
+"""``vllm-mtp serve --record``'s parts that need no engine: options, the finished-request tap,
+the recording directory (whole, owner-only, bounded shards) and ``train --data``'s checks."""
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_mtp_plugin.tools.live import shards, tap
+from vllm_mtp_plugin.tools.live.options import (WORKER_EXTENSION, LiveOptionError,
+                                                split_live_options)
+from vllm_mtp_plugin.tools.train.data import (SequenceStore, TrainInputError, shard_summary,
+                                              write_shard)
+
+SPEC = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
+
+
+def test_options_are_taken_out_and_the_worker_extension_added(tmp_path):
+    live, rest = split_live_options(["model", "--record", str(tmp_path / "rec"),
+                                     "--record-fraction=0.25", "--record-max-gb", "0.5",
+                                     "--port", "8001", *SPEC])
+    assert rest == ["model", "--port", "8001", *SPEC, "--worker-extension-cls", WORKER_EXTENSION]
+    assert live.record.fraction == 0.25 and live.record.max_bytes == 2**29
+    assert live.reload is None
+    assert stat.S_IMODE((tmp_path / "rec").stat().st_mode) == 0o700
+    live, rest = split_live_options(["model", "--enable-layer-reload", str(tmp_path), *SPEC])
+    assert live.reload.directory == tmp_path.resolve() and live.record is None
+    assert rest[-1] == WORKER_EXTENSION
+    live, rest = split_live_options(["model", "--port", "1"])
+    assert not live.any and rest == ["model", "--port", "1"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--record-fraction", "0.5"], "--record-fraction needs --record DIR"),
+    (["--record", "{d}", "--record-fraction", "0", *SPEC], "in (0, 1]"),
+    (["--record", "{d}", "--record-max-gb", "-1", *SPEC], "above 0"),
+    (["--record", "{d}"], "--record works on the MTP drafter, so the server must draft with MTP"),
+    (["--record", "{d}", "-sc", '{"method": "eagle3"}'], "(given method: eagle3)"),
+    (["--record", "{d}", *SPEC, "--worker-extension-cls", "my.Ext"], "given my.Ext"),
+    (["--record", "{d}", *SPEC, "--api-server-count", "2"], "--api-server-count 2"),
+    (["--record", "{f}", *SPEC], "exists and is not a directory"),
+    (["--enable-layer-reload", "{d}", *SPEC], "not a directory (layers to load"),
+    (["--enable-layer-reload", "{t}"], "--enable-layer-reload works on the MTP drafter"),
+])
+def test_options_refused_with_the_reason(tmp_path, argv, message):
+    (tmp_path / "file").write_text("x")
+    argv = [a.replace("{d}", str(tmp_path / "rec")).replace("{f}", str(tmp_path / "file"))
+            .replace("{t}", str(tmp_path)) for a in argv]
+    with pytest.raises(LiveOptionError) as info:
+        split_live_options(["model", *argv])
+    assert message in str(info.value)
+
+
+def test_serve_refuses_bad_options_before_vllm_starts(tmp_path, capsys):
+    from vllm_mtp_plugin.tools.cli import main
+
+    assert main(["serve", "m", "--record", str(tmp_path)]) == 2
+    assert "vllm-mtp serve: --record works on the MTP drafter" in capsys.readouterr().err
+
+
+def _output(finished, pieces, kind_reasons=None):
+    """A RequestOutput as AsyncLLM.generate yields it: completions with index and token ids."""
+    outs = [SimpleNamespace(index=i, token_ids=ids, finish_reason=(kind_reasons or {}).get(i))
+            for i, ids in pieces]
+    return SimpleNamespace(finished=finished, prompt_token_ids=[1, 2, 3], outputs=outs)
+
+
+@pytest.mark.parametrize("kind", ["DELTA", "CUMULATIVE", "FINAL_ONLY"])
+def test_tap_hands_over_each_finished_completion(monkeypatch, kind):
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    if kind == "DELTA":
+        stream = [_output(False, [(0, [7]), (1, [9])]),
+                  _output(True, [(0, [8]), (1, [10, 11])], {0: "stop", 1: "length"})]
+    elif kind == "CUMULATIVE":
+        stream = [_output(False, [(0, [7]), (1, [9])]),
+                  _output(True, [(0, [7, 8]), (1, [9, 10, 11])], {0: "stop", 1: "length"})]
+    else:
+        stream = [_output(True, [(0, [7, 8]), (1, [9, 10, 11])], {0: "stop", 1: "length"})]
+
+    async def generate(self, prompt, params, request_id, **kwargs):
+        for out in stream:
+            yield out
+
+    monkeypatch.setattr(AsyncLLM, "generate", generate)
+    heard = []
+    tap.install(lambda engine, p, o: heard.append((p, o)))
+    try:
+        params = SamplingParams(n=2, output_kind=getattr(RequestOutputKind, kind))
+
+        async def consume(request_id):
+            return [o async for o in AsyncLLM.generate(None, "x", params, request_id)]
+
+        assert asyncio.run(consume("user-1")) == stream  # passed on unchanged
+        assert heard == [([1, 2, 3], [7, 8]), ([1, 2, 3], [9, 10, 11])]
+        asyncio.run(consume(tap.OWN_REQUEST_PREFIX + "1"))  # the recorder's own: not offered
+        assert len(heard) == 2
+    finally:
+        tap.uninstall()
+    assert AsyncLLM.generate is generate
+
+
+def test_tap_skips_aborted_completions_and_survives_a_failing_listener(monkeypatch):
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    async def generate(self, prompt, params, request_id, **kwargs):
+        yield _output(True, [(0, [5])], {0: "abort"})
+        yield _output(True, [(0, [6])], {0: "stop"})
+
+    monkeypatch.setattr(AsyncLLM, "generate", generate)
+
+    def failing(engine, p, o):
+        raise ValueError("listener bug")
+
+    tap.install(failing)
+    try:
+        async def consume():
+            return [o async for o in AsyncLLM.generate(None, "x", SamplingParams(), "r")]
+
+        assert len(asyncio.run(consume())) == 2  # the request still completes
+    finally:
+        tap.uninstall()
+
+
+def _shard(path, n_sequences=2, length=5, hidden=8, private=True):
+    seqs = [list(range(length)) for _ in range(n_sequences)]
+    write_shard(path, seqs, [0] * n_sequences, [torch.randn(length, hidden) for _ in seqs],
+                [2] * n_sequences, {"source": "test"}, private=private)
+
+
+def test_shards_are_owner_only_whole_and_bounded(tmp_path):
+    first = shards.shard_path(tmp_path, 1)
+    _shard(first)
+    assert stat.S_IMODE(first.stat().st_mode) == 0o600
+    assert not list(tmp_path.glob("*.partial"))
+    size = first.stat().st_size
+    later = []
+    for n in range(2, 5):
+        path = shards.shard_path(tmp_path, n)
+        _shard(path)
+        os.utime(path, (1e9 + n, 1e9 + n))
+        later.append(path)
+    os.utime(first, (1e9, 1e9))
+    removed = shards.enforce_bound(tmp_path, 2 * size)
+    assert removed == [first.name, later[0].name]
+    assert sorted(p.name for p in tmp_path.glob(shards.SHARD_GLOB)) == sorted(
+        p.name for p in later[1:])
+    assert shards.enforce_bound(tmp_path, 1) == [later[1].name]  # the newest always stays
+    store = SequenceStore(tmp_path)
+    assert len(store) == 2 and store.prompt_lengths == [2, 2]
+
+
+def test_leftovers_of_a_killed_server_are_removed(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    host = shards._host()
+    partial = tmp_path / f"shard-20260101T000000-{host}-{dead}-00001.partial"
+    raw = tmp_path / f".raw-{host}-{dead}-00002"
+    alive = tmp_path / f".raw-{host}-{os.getppid()}-00001"
+    other_host = tmp_path / f"shard-20260101T000000-otherhost-{dead}-00001.partial"
+    for path in (partial, other_host):
+        path.write_bytes(b"half")
+    for path in (raw, alive):
+        path.mkdir()
+    assert sorted(shards.remove_leftovers(tmp_path)) == sorted([partial.name, raw.name])
+    assert alive.exists() and other_host.exists()
+
+
+def test_train_data_summary_and_refusals(tmp_path):
+    with pytest.raises(TrainInputError, match="no data shards"):
+        shard_summary(tmp_path)
+    _shard(tmp_path / "shard-a.safetensors", n_sequences=3, length=6, hidden=16)
+    summary = shard_summary(tmp_path)
+    assert (summary["sequences"], summary["tokens"], summary["hidden_size"]) == (3, 18, 16)
+    (tmp_path / "shard-b.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(TrainInputError, match="shard-b.safetensors: not a readable data shard"):
+        shard_summary(tmp_path)
+
+
+def test_a_replacement_layer_is_checked_before_any_weight_moves(checkpoints, tmp_path):
+    import json as _json
+
+    from vllm_mtp_plugin.reload import ReloadRefused, check_replacement
+
+    from support.checkpoint_edits import drop, edited_copy
+
+    served = checkpoints("oracle")
+    config = _json.loads((served / "config.json").read_text())
+    assert check_replacement(served, config)["hidden_size"] == config["hidden_size"]
+    wider = edited_copy(served, tmp_path / "wider", hidden_size=config["hidden_size"] * 2)
+    with pytest.raises(ReloadRefused) as info:
+        check_replacement(wider, config)
+    assert (f"config.json hidden_size: {config['hidden_size'] * 2} here, "
+            f"{config['hidden_size']} in the served checkpoint") in str(info.value)
+    assert "the old layer keeps serving" in str(info.value)
+    no_norm = edited_copy(served, tmp_path / "no-norm", tensors=drop(".enorm."))
+    with pytest.raises(ReloadRefused, match="enorm"):
+        check_replacement(no_norm, config)
+    with pytest.raises(ReloadRefused, match="no config.json"):
+        check_replacement(tmp_path, config)
+
+
+def test_shared_modules_are_out_of_the_drafter_during_a_reload():
+    from torch import nn
+
+    from vllm_mtp_plugin.reload import shared_modules_detached
+
+    target = nn.ModuleDict({"embed": nn.Embedding(4, 2), "head": nn.Linear(2, 4)})
+    drafter = nn.Module()
+    drafter.model = nn.Module()
+    drafter.model.embed_tokens = target["embed"]
+    drafter.model.layer = nn.Linear(2, 2)
+    drafter.model.layer.head = target["head"]
+    with shared_modules_detached(drafter, target) as detached:
+        assert sorted(detached) == ["model.embed_tokens", "model.layer.head"]
+        assert {id(p) for p in drafter.parameters()} == {
+            id(p) for p in (drafter.model.layer.weight, drafter.model.layer.bias)}
+    assert drafter.model.embed_tokens is target["embed"]
+    assert drafter.model.layer.head is target["head"]
+
+
+def test_reload_paths_stay_below_the_directory(tmp_path):
+    from vllm_mtp_plugin.tools.live.endpoints import LayerVersions, LiveEndpoints
+    from vllm_mtp_plugin.tools.live.options import ReloadSettings
+
+    (tmp_path / "layers" / "v1").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "layers" / "link").symlink_to(tmp_path / "elsewhere")
+    plugin = LiveEndpoints(ReloadSettings(directory=(tmp_path / "layers").resolve()))
+    assert plugin.resolve("v1") == (tmp_path / "layers" / "v1").resolve()
+    assert plugin.resolve(str(tmp_path / "layers" / "v1")) == (tmp_path / "layers" / "v1").resolve()
+    for outside in ("../elsewhere", str(tmp_path / "elsewhere"), "link"):
+        with pytest.raises(PermissionError, match="outside"):
+            plugin.resolve(outside)
+    versions = LayerVersions("served")
+    counts = {"vllm:spec_decode_num_drafts": 10.0, "vllm:spec_decode_num_draft_tokens": 10.0,
+              "vllm:spec_decode_num_accepted_tokens": 4.0}
+    versions.swapped("v1", counts)
+    now = {k: 2 * v for k, v in counts.items()}
+    assert versions.by_version(now) == [(0, counts), (1, counts)]

@@ -1,0 +1,259 @@
+"""HTTP routes ``vllm-mtp serve`` adds: ``POST /v1/mtp/reload`` and ``GET /v1/mtp/layer``, and the
+drafter layer's version and per-version acceptance on ``/metrics``.
+
+Built on vLLM's endpoint-plugin contract (``vllm/plugins/endpoint_plugins/interface.py``:
+``attach_router`` adds the routes when vLLM builds the app, ``init_state`` receives the engine
+client) and reaching the workers the way that contract names, ``collective_rpc`` to a method of
+the worker extension (``vllm_mtp_plugin.live_worker``). The routes live under ``/v1``, so vLLM's
+``--api-key`` guards them (``serve/middleware/authenticate.py``). They exist only when the server
+was started with ``--enable-layer-reload DIR``, and read layers from below DIR only.
+"""
+
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from .options import ReloadSettings
+
+RELOAD_ROUTE = "/v1/mtp/reload"
+LAYER_ROUTE = "/v1/mtp/layer"
+COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens")
+
+
+def _logger():
+    from vllm.logger import init_logger
+
+    return init_logger("vllm.vllm_mtp_plugin.reload")
+
+
+def served_config(model_config) -> dict:
+    """The served checkpoint's config.json (the file, as a replacement's is read), else the
+    config vLLM parsed from it."""
+    path = Path(str(model_config.model)) / "config.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    return model_config.hf_config.to_dict()
+
+
+class LayerVersions:
+    """Which layer serves (version 0: the one the server started with) and vLLM's speculative
+    decoding counters at each swap, so that acceptance is told per version. A swap is counted
+    between two engine steps: the drafts of the step just before it are verified just after,
+    one step that counts for the new version."""
+
+    def __init__(self, path: str):
+        self.layers = [{"version": 0, "path": path, "since": time.time(), "start": None}]
+
+    @property
+    def current(self) -> dict:
+        return self.layers[-1]
+
+    def swapped(self, path: str, counters: dict[str, float]) -> dict:
+        self.current["end"] = counters
+        self.layers.append({"version": len(self.layers), "path": path, "since": time.time(),
+                            "start": counters})
+        return self.current
+
+    def by_version(self, now: dict[str, float]) -> list[tuple[int, dict[str, float]]]:
+        out = []
+        for layer in self.layers:
+            start, end = layer["start"] or {}, layer.get("end") or now
+            out.append((layer["version"], {k: end.get(k, 0.0) - start.get(k, 0.0)
+                                           for k in COUNTERS}))
+        return out
+
+
+def vllm_counters(registry) -> dict[str, float]:
+    """vLLM's speculative decoding counters, summed over engines and labels."""
+    totals = {name: 0.0 for name in COUNTERS}
+    for family in registry.collect():
+        if family.name in totals:
+            totals[family.name] += sum(s.value for s in family.samples
+                                       if s.name == family.name + "_total")
+    return totals
+
+
+class VersionCollector:
+    """Prometheus collector: ``vllm_mtp:drafter_layer_version`` and, per version,
+    ``vllm_mtp:spec_decode_num_{drafts,draft_tokens,accepted_tokens}_by_layer_total``."""
+
+    def __init__(self, versions: LayerVersions, registry):
+        self.versions, self.registry, self._inside = versions, registry, False
+
+    def describe(self):
+        """The names, without values: ``registry.register`` asks for them under the registry's
+        lock, where ``collect`` (which reads the registry) would wait forever."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        yield GaugeMetricFamily("vllm_mtp:drafter_layer_version", "")
+        yield GaugeMetricFamily("vllm_mtp:drafter_layer_info", "", labels=["version", "path"])
+        for name in COUNTERS:
+            yield CounterMetricFamily(f"vllm_mtp:{name.split(':', 1)[1]}_by_layer", "",
+                                      labels=["version"])
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        if self._inside:  # reading vLLM's counters walks the registry, this collector included
+            return
+        self._inside = True
+        try:
+            now = vllm_counters(self.registry)
+        finally:
+            self._inside = False
+        version = GaugeMetricFamily("vllm_mtp:drafter_layer_version",
+                                    "Version of the MTP layer serving (0: the one started with)")
+        version.add_metric([], self.versions.current["version"])
+        yield version
+        info = GaugeMetricFamily("vllm_mtp:drafter_layer_info", "Path of each layer version",
+                                 labels=["version", "path"])
+        for layer in self.versions.layers:
+            info.add_metric([str(layer["version"]), layer["path"]],
+                            1.0 if layer is self.versions.current else 0.0)
+        yield info
+        families = {name: CounterMetricFamily(
+            f"vllm_mtp:{name.split(':', 1)[1]}_by_layer",
+            f"{name} while each layer version served", labels=["version"]) for name in COUNTERS}
+        for v, counts in self.versions.by_version(now):
+            for name, value in counts.items():
+                families[name].add_metric([str(v)], value)
+        yield from families.values()
+
+
+class LiveEndpoints:
+    """vLLM endpoint plugin (``EndpointPlugin`` protocol) for layer reload."""
+
+    name = "vllm-mtp-live"
+    required_tasks = ("generate",)
+
+    def __init__(self, settings: ReloadSettings):
+        self.settings = settings
+        self.engine = None
+        self.lock = asyncio.Lock()
+        self.versions: LayerVersions | None = None
+        self.served: dict = {}
+
+    def attach_router(self, app) -> None:
+        from fastapi import APIRouter, Request
+        from fastapi.responses import JSONResponse
+
+        router = APIRouter()
+
+        @router.post(RELOAD_ROUTE)
+        async def reload(request: Request):
+            try:
+                body = await request.json()
+                path = body["path"]
+            except (ValueError, KeyError, TypeError):
+                return JSONResponse({"error": 'send {"path": "<checkpoint directory>"}'}, 400)
+            status, answer = await self.reload(str(path))
+            return JSONResponse(answer, status)
+
+        @router.get(LAYER_ROUTE)
+        async def layer():
+            if self.versions is None:
+                return JSONResponse({"error": "the server is starting"}, 503)
+            return JSONResponse({k: v for k, v in self.versions.current.items()
+                                 if k in ("version", "path", "since", "prefix_cache_reset")})
+
+        app.include_router(router)
+
+    async def init_state(self, engine_client, state, args) -> None:
+        from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+        self.engine = engine_client
+        if engine_client is None:
+            return
+        self.served = served_config(engine_client.model_config)
+        self.versions = LayerVersions(str(engine_client.model_config.model))
+        registry = get_prometheus_registry()
+        registry.register(VersionCollector(self.versions, registry))
+
+    def resolve(self, given: str) -> Path:
+        """``given`` (absolute, or relative to DIR) if it lies below DIR, else ``PermissionError``."""
+        root = self.settings.directory
+        path = Path(given).expanduser()
+        path = (path if path.is_absolute() else root / path).resolve()
+        if not path.is_relative_to(root):
+            raise PermissionError(f"{given}: outside {root}, the directory this server reads "
+                                  "layers from (--enable-layer-reload); copy or train the layer "
+                                  "into it.")
+        return path
+
+    async def reload(self, given: str) -> tuple[int, dict]:
+        from vllm_mtp_plugin.reload import ReloadRefused, check_replacement
+
+        from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+        if self.engine is None:
+            return 503, {"error": "the server is starting"}
+        try:
+            path = self.resolve(given)
+        except PermissionError as exc:
+            return 403, {"error": str(exc)}
+        async with self.lock:
+            try:
+                await asyncio.to_thread(check_replacement, path, self.served)
+            except ReloadRefused as exc:
+                _logger().warning("vllm-mtp reload refused: %s", exc)
+                return 400, {"error": str(exc), "version": self.versions.current["version"]}
+            started = time.monotonic()
+            results = await self.engine.collective_rpc("reload_mtp_layer",
+                                                       args=(str(path), self.served))
+            errors = [r["error"] for r in results if isinstance(r, dict) and "error" in r]
+            if errors:
+                _logger().error("vllm-mtp reload of %s failed on %d worker(s): %s", path,
+                                len(errors), errors[0])
+                return 400 if all(r.get("refused") for r in results if "error" in r) else 500, {
+                    "error": errors[0], "workers_failed": len(errors),
+                    "version": self.versions.current["version"]}
+            layer = self.versions.swapped(str(path), vllm_counters(get_prometheus_registry()))
+            layer["prefix_cache_reset"] = await self.engine.reset_prefix_cache()
+            if not layer["prefix_cache_reset"]:
+                asyncio.get_running_loop().create_task(self._reset_when_free(layer))
+        seconds = time.monotonic() - started
+        _logger().info("vllm-mtp reload: version %d serves, from %s (%d workers, %.2f s)",
+                       layer["version"], path, len(results), seconds)
+        return 200, {"version": layer["version"], "path": str(path), "seconds": seconds,
+                     "prefix_cache_reset": layer["prefix_cache_reset"], "workers": results}
+
+    async def _reset_when_free(self, layer: dict, every_s: float = 0.5,
+                               give_up_s: float = 120.0) -> None:
+        """The prefix cache holds the old layer's KV entries (the drafter's attention shares the
+        blocks): a request reusing them drafts worse until they go. vLLM resets it only while no
+        running request holds blocks; retried until then, not forced (forcing preempts every
+        running request)."""
+        deadline = time.monotonic() + give_up_s
+        while time.monotonic() < deadline and layer is self.versions.current:
+            await asyncio.sleep(every_s)
+            if await self.engine.reset_prefix_cache():
+                layer["prefix_cache_reset"] = True
+                return
+        _logger().warning("vllm-mtp reload: the prefix cache could not be reset (requests kept "
+                          "running); cached prefixes keep the old layer's entries until evicted")
+
+
+def install(plugin: LiveEndpoints) -> None:
+    """Hand ``plugin`` to vLLM's endpoint-plugin loading, in this process only.
+
+    What it does: ``vllm.plugins.load_endpoint_plugins`` (called by ``launchers/app.py:
+    attach_endpoint_plugins`` when vLLM builds the app) returns vLLM's list plus ``plugin``. Why a
+    patch and not the ``vllm.endpoint_plugins`` entry point: vLLM loads endpoint plugins only
+    when named in ``VLLM_PLUGINS`` and warns on every ``vllm serve`` of every user who did not,
+    and setting ``VLLM_PLUGINS`` would also filter the platform and general plugins (vllm-ascend's
+    among them). Applied by ``vllm-mtp serve --enable-layer-reload`` only. When it can go: if
+    vLLM accepts endpoint plugins from the command line.
+    """
+    import vllm.plugins as plugins
+
+    original = getattr(plugins.load_endpoint_plugins, "__wrapped__",
+                       plugins.load_endpoint_plugins)
+
+    def load_endpoint_plugins(supported_tasks=None):
+        return [*original(supported_tasks), plugin]
+
+    load_endpoint_plugins.__wrapped__ = original
+    plugins.load_endpoint_plugins = load_endpoint_plugins

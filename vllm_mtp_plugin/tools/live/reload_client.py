@@ -1,0 +1,70 @@
+"""``vllm-mtp reload URL CHECKPOINT``: make a running ``vllm-mtp serve --enable-layer-reload DIR``
+draft with CHECKPOINT's MTP layer(s), without a restart.
+
+The server reads CHECKPOINT from its own disk (below DIR): give a path both machines see (shared
+storage), or one relative to DIR. With ``--api-key`` on the server, pass the same key
+(``--api-key``, or ``VLLM_API_KEY`` / ``OPENAI_API_KEY`` in the environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .endpoints import RELOAD_ROUTE
+
+
+def reload_url(url: str) -> str:
+    base = url.rstrip("/")
+    base = base[:-3] if base.endswith("/v1") else base
+    return base + RELOAD_ROUTE
+
+
+def request_reload(url: str, checkpoint: str, api_key: str | None = None,
+                   timeout: float = 600.0) -> tuple[int, dict]:
+    """POST the reload; returns the HTTP status and the server's JSON answer."""
+    path = Path(checkpoint).expanduser()
+    sent = str(path.resolve()) if path.exists() else checkpoint
+    request = urllib.request.Request(
+        reload_url(url), data=json.dumps({"path": sent}).encode(), method="POST",
+        headers={"Content-Type": "application/json",
+                 **({"Authorization": f"Bearer {api_key}"} if api_key else {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        try:
+            return exc.code, json.loads(body)
+        except ValueError:
+            return exc.code, {"error": body.decode(errors="replace") or exc.reason}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="vllm-mtp reload", description=__doc__.split("\n\n")[0])
+    p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000 (or its /v1 base URL)")
+    p.add_argument("checkpoint", help="checkpoint directory with the new MTP layer(s), e.g. "
+                                      "what vllm-mtp train --out wrote")
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY")
+                   or os.environ.get("OPENAI_API_KEY"))
+    p.add_argument("--timeout", type=float, default=600.0)
+    args = p.parse_args(argv)
+    try:
+        status, answer = request_reload(args.url, args.checkpoint, args.api_key, args.timeout)
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"vllm-mtp reload: cannot reach {reload_url(args.url)}: {exc}")
+        return 1
+    if status == 200:
+        print(f"version {answer['version']} serves: {answer['path']} ({answer['seconds']:.2f} s, "
+              f"{len(answer.get('workers') or [])} worker(s))")
+        return 0
+    if status == 404:
+        print(f"vllm-mtp reload: {reload_url(args.url)} does not exist: start the server with "
+              "vllm-mtp serve ... --enable-layer-reload DIR")
+        return 1
+    print(f"vllm-mtp reload: refused (HTTP {status}): {answer.get('error', answer)}")
+    return 1
