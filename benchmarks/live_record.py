@@ -148,12 +148,16 @@ def cost(model: Path, work: Path, processes: int, passes: int, copies: int,
                     print(f"  pass {n + 1}: {tokens / seconds:.1f} tok/s", flush=True)
                 time.sleep(3)  # the last windows finish before the count
             if record:
-                recorded = sorted((work / f"recorded-{p}").glob("shard-*.safetensors"))
-                runs[-1]["shards"] = len(recorded)
-                lines = [l for l in log.read_text(errors="replace").splitlines()
-                         if "vllm-mtp record: shard-" in l]
-                runs[-1]["last_record_line"] = lines[-1].split("vllm-mtp record: ", 1)[-1] \
-                    if lines else None
+                from vllm_mtp_plugin.tools.train.data import shard_summary
+
+                shards = work / f"recorded-{p}"
+                served = (passes * len(traffic) + concurrency)
+                summary = (shard_summary(shards) if list(shards.glob("shard-*.safetensors"))
+                           else {"shards": 0, "sequences": 0, "tokens": 0})
+                runs[-1]["recording"] = {"finished_requests": served,
+                                         "shards": summary["shards"],
+                                         "recorded_sequences": summary["sequences"],
+                                         "recorded_tokens": summary["tokens"]}
     return {"runs": runs, "summary": _cost_summary(runs),
             "settings": {"processes": processes, "passes": passes, "requests": len(traffic),
                          "concurrency": concurrency, "max_tokens": MAX_TOKENS,
@@ -170,9 +174,12 @@ def _cost_summary(runs: list[dict]) -> dict:
     plain = [median_of(p, False) for p in processes]
     record = [median_of(p, True) for p in processes]
     ratios = [r / b for r, b in zip(record, plain)]
+    recorded = [r["recording"] for r in runs if "recording" in r]
     return {"plain_tok_s": plain, "record_tok_s": record,
             "ratio_median": statistics.median(record) / statistics.median(plain),
             "ratio_per_process_pair": ratios,
+            "recorded_sequences": sum(r["recorded_sequences"] for r in recorded),
+            "finished_requests": sum(r["finished_requests"] for r in recorded),
             "disturbed_passes": sum(disturbed(r["interference"]) for r in runs)}
 
 

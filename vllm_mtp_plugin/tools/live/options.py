@@ -18,9 +18,22 @@ class ReloadSettings:
 
 
 @dataclasses.dataclass
+class AdaptSettings:
+    """``--adapt``: what ``adapt.Adapter`` runs on."""
+    directory: Path
+    every_tokens: int = 200_000
+    threads: int = 1
+    steps: int = 200
+    window_drafts: int = 2000
+    min_heldout_tokens: int = 2000
+    poll_s: float = 2.0
+
+
+@dataclasses.dataclass
 class LiveSettings:
     record: "RecordSettings | None" = None
     reload: ReloadSettings | None = None
+    adapt: AdaptSettings | None = None
 
     @property
     def any(self) -> bool:
@@ -60,6 +73,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="bound of DIR in GB: the oldest shards go first (default %(default)s)")
     p.add_argument("--record-seed", metavar="N", type=int, default=None,
                    help="seed of the sampling of requests (a repeatable sample)")
+    p.add_argument("--adapt", metavar="DIR",
+                   help="record (DIR/shards), train a new layer every --adapt-every-tokens "
+                        "recorded tokens, swap it in when it beats the serving one on held-out "
+                        "traffic, roll back if served acceptance drops (DIR/layers)")
+    p.add_argument("--adapt-every-tokens", metavar="N", type=int, default=200_000,
+                   help="recorded tokens between training rounds (default %(default)s)")
+    p.add_argument("--adapt-steps", metavar="S", type=int, default=200,
+                   help="optimizer steps per round (default %(default)s)")
+    p.add_argument("--adapt-threads", metavar="T", type=int, default=1,
+                   help="CPU threads of the training and evaluation processes, which also run "
+                        "at a lower priority than serving (default %(default)s)")
+    p.add_argument("--adapt-window-drafts", metavar="W", type=int, default=2000,
+                   help="draft tokens a new layer serves before its acceptance is compared "
+                        "with its predecessor's (roll back if lower; default %(default)s)")
+    p.add_argument("--adapt-heldout-tokens", metavar="N", type=int, default=2000,
+                   help="tokens recorded after a round's data before its candidate is evaluated "
+                        "on them (default %(default)s)")
     p.add_argument("--enable-layer-reload", metavar="DIR",
                    help="accept POST /v1/mtp/reload (vllm-mtp reload URL OUT): replace the "
                         "drafter's MTP layer(s) with those of a checkpoint below DIR, without a "
@@ -96,14 +126,18 @@ def split_live_options(argv: list[str]) -> tuple[LiveSettings, list[str]]:
     """Our settings, and the arguments for ``vllm serve`` (with the worker extension added when
     any of ours is on)."""
     ours, rest = _parser().parse_known_args(argv)
+    if ours.adapt is not None:
+        _adapt_implies(ours)
     given = [a for a in argv if a.split("=", 1)[0].startswith("--record")]
     if ours.record is None and given:
         raise LiveOptionError(f"{given[0].split('=', 1)[0]} needs --record DIR.")
     settings = LiveSettings(record=_record_settings(ours) if ours.record else None,
-                            reload=_reload_settings(ours) if ours.enable_layer_reload else None)
+                            reload=_reload_settings(ours) if ours.enable_layer_reload else None,
+                            adapt=_adapt_settings(ours) if ours.adapt else None)
     if not settings.any:
         return settings, rest
-    what = "--record" if settings.record else "--enable-layer-reload"
+    what = ("--adapt" if settings.adapt else "--record" if settings.record
+            else "--enable-layer-reload")
     method = _speculative_method(rest)
     if method not in ("mtp", "deepseek_mtp"):
         raise LiveOptionError(
@@ -138,6 +172,32 @@ def _record_settings(ours) -> RecordSettings:
         raise LiveOptionError(f"--record {directory}: not writable by this user.")
     return RecordSettings(directory=directory, fraction=ours.record_fraction,
                           max_bytes=int(ours.record_max_gb * 2**30), seed=ours.record_seed)
+
+
+def _adapt_implies(ours) -> None:
+    """``--adapt DIR`` is ``--record DIR/shards`` + ``--enable-layer-reload DIR/layers``."""
+    if ours.record or ours.enable_layer_reload:
+        raise LiveOptionError("--adapt DIR records into DIR/shards and reloads from DIR/layers; "
+                              "leave out --record and --enable-layer-reload.")
+    for name in ("adapt_every_tokens", "adapt_steps", "adapt_threads", "adapt_window_drafts",
+                 "adapt_heldout_tokens"):
+        if getattr(ours, name) < 1:
+            raise LiveOptionError(f"--{name.replace('_', '-')} {getattr(ours, name)}: give 1 or "
+                                  "more.")
+    root = Path(ours.adapt).expanduser()
+    if root.exists() and not root.is_dir():
+        raise LiveOptionError(f"--adapt {root}: exists and is not a directory.")
+    (root / "layers").mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
+    ours.record = str(root / "shards")
+    ours.enable_layer_reload = str(root / "layers")
+
+
+def _adapt_settings(ours) -> AdaptSettings:
+    return AdaptSettings(directory=Path(ours.adapt).expanduser(),
+                         every_tokens=ours.adapt_every_tokens, threads=ours.adapt_threads,
+                         steps=ours.adapt_steps, window_drafts=ours.adapt_window_drafts,
+                         min_heldout_tokens=ours.adapt_heldout_tokens)
 
 
 def _reload_settings(ours) -> ReloadSettings:

@@ -1,0 +1,109 @@
+"""``vllm-mtp serve --adapt``: a server whose MTP layer no longer fits its target (the trained tiny
+DeepSeek with a noised layer) trains a new one on the traffic it serves and swaps it in, through
+the OpenAI API, as users run it (compiled, engine core spawned). Nothing fails, greedy outputs stay
+the target's own, and the served acceptance of the new version is higher."""
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+from openai import OpenAI
+
+from vllm_mtp_plugin.tools.engine.server import Server
+from vllm_mtp_plugin.tools.engine import metrics
+from vllm_mtp_plugin.tools.tiny import trained
+
+from support.checkpoint_edits import edited_copy, noise
+from support.target_greedy import mismatches
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = [json.loads(line)["prompt"] for line in (trained.shipped_dir().parent /
+                                                   "trained_prompts.jsonl").read_text().splitlines()]
+NOISE = 0.5
+
+
+def _status(server) -> dict:
+    return json.loads(urllib.request.urlopen(
+        f"http://127.0.0.1:{server.port}/v1/mtp/adapt").read())
+
+
+@pytest.fixture(scope="module")
+def adapted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapt")
+    good = trained.write_checkpoint(root / "trained", 1)
+    noised = edited_copy(good, root / "noised", tensors=noise(
+        f"model.layers.{trained.ARCH.num_hidden_layers}.", NOISE))
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    sent, failures, stop = [], [], threading.Event()
+    with Server(noised, ["--speculative-config", spec, "--served-model-name", "t",
+                         "--max-model-len", "512", "--dtype", "float32",
+                         "--adapt", str(root / "adapt"), "--record-fraction", "1",
+                         "--adapt-every-tokens", "1500", "--adapt-heldout-tokens", "600",
+                         "--adapt-steps", "60", "--adapt-window-drafts", "150"],
+                log_path=root / "serve.log",
+                env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) as server:
+        client = OpenAI(base_url=server.base_url, api_key="EMPTY", max_retries=0)
+
+        def traffic():
+            i = 0
+            while not stop.is_set():
+                try:
+                    done = client.completions.create(
+                        model="t", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=48,
+                        temperature=0.0, extra_body={"return_token_ids": True})
+                    sent.append((list(done.choices[0].prompt_token_ids),
+                                 list(done.choices[0].token_ids)))
+                except Exception as exc:  # noqa: BLE001 - counted: nothing may fail
+                    failures.append(repr(exc))
+                i += 1
+
+        threads = [threading.Thread(target=traffic) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 420
+        status = _status(server)
+        while time.monotonic() < deadline:
+            status = _status(server)
+            events = [e["event"] for e in status["history"]]
+            if "kept after watching" in events or "rolled back" in events or "failed" in events:
+                break
+            time.sleep(2)
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        page = metrics.parse_prometheus(urllib.request.urlopen(
+            f"http://127.0.0.1:{server.port}/metrics").read().decode())
+    return {"status": status, "sent": sent, "failures": failures, "metrics": page,
+            "good": good, "log": (root / "serve.log").read_text(errors="replace")}
+
+
+def test_the_server_trains_swaps_and_keeps_the_better_layer(adapted):
+    events = [e for e in adapted["status"]["history"]]
+    names = [e["event"] for e in events]
+    assert "failed" not in names, events
+    assert names[:2] == ["training", "swapped"], events
+    swapped = events[1]
+    assert swapped["candidate_agreement"] > swapped["serving_agreement"]
+    assert names[2] == "kept after watching", events
+    served = events[2]["served"]
+    assert served["new"] > served["previous"] and served["new_draft_tokens"] >= 150
+
+
+def test_nothing_failed_and_outputs_stay_the_targets_own(adapted):
+    assert adapted["failures"] == []
+    sent = adapted["sent"]
+    assert len(sent) > 20
+    assert mismatches(adapted["good"], sent[:3] + sent[-3:]) == []
+
+
+def test_metrics_show_the_new_version(adapted):
+    values = {(name, dict(labels).get("version")): v for (name, labels), v in
+              adapted["metrics"].items() if name.startswith("vllm_mtp:")}
+    assert values[("vllm_mtp:drafter_layer_version", None)] == 1
+    accepted = "vllm_mtp:spec_decode_num_accepted_tokens_by_layer_total"
+    drafts = "vllm_mtp:spec_decode_num_draft_tokens_by_layer_total"
+    assert (values[(accepted, "1")] / values[(drafts, "1")]
+            > values[(accepted, "0")] / values[(drafts, "0")])

@@ -1,0 +1,213 @@
+"""``vllm-mtp serve MODEL --adapt DIR``: the server trains its own MTP layer on the traffic it
+serves, and swaps it in when it is better.
+
+One asyncio task in the API server process, over the recorder (``recorder.py``, shards in
+``DIR/shards``) and the layer reload (``endpoints.py``, layers in ``DIR/layers``):
+
+1. every ``every_tokens`` newly recorded tokens, ``vllm-mtp train SERVING --data`` runs in a
+   process of its own (``threads`` CPU threads, lower priority), from the layer that serves, on
+   the shards recorded so far (a snapshot: ``DIR/rounds/N/data``);
+2. the candidate and the serving layer are evaluated (``evaluate.py``, a process too) on shards
+   recorded *after* the snapshot - traffic neither has seen - for their agreement with the
+   target's next-next token at the first draft position;
+3. the candidate is swapped in only when its 95 % interval lies above the serving layer's;
+4. after a swap, once the new layer has drafted ``window_drafts`` draft tokens, its served
+   acceptance (vLLM's counters, per version) is compared with its predecessor's: if its interval
+   lies below, the predecessor is loaded back (a rollback).
+
+Every decision is logged and kept in ``DIR/adapt.json`` and ``GET /v1/mtp/adapt``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .options import AdaptSettings
+
+
+def _logger():
+    from vllm.logger import init_logger
+
+    return init_logger("vllm.vllm_mtp_plugin.adapt")
+
+
+def wilson(successes: float, n: float) -> tuple[float, float] | None:
+    from ..bench.stats import wilson as interval
+
+    return interval(successes, n)
+
+
+def better_beyond_noise(candidate: dict, serving: dict) -> bool:
+    """The candidate's first-position agreement interval lies above the serving layer's."""
+    a, b = candidate.get("agreement_interval"), serving.get("agreement_interval")
+    return bool(a and b and a[0] > b[1])
+
+
+def served_worse(new: dict[str, float], old: dict[str, float]) -> bool:
+    """The new layer's served acceptance (accepted / draft tokens) interval lies below the old
+    one's."""
+    key_a, key_n = "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_draft_tokens"
+    a, b = wilson(new[key_a], new[key_n]), wilson(old[key_a], old[key_n])
+    return bool(a and b and a[1] < b[0])
+
+
+def _link_shards(shards: list[Path], into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    for shard in shards:
+        (into / shard.name).symlink_to(shard.resolve())
+    return into
+
+
+class Adapter:
+    """The loop above. ``recorder``: the server's ``TrafficRecorder``; ``endpoints``: its
+    ``LiveEndpoints`` (reload, versions)."""
+
+    def __init__(self, settings: AdaptSettings, recorder, endpoints):
+        self.settings = settings
+        self.recorder, self.endpoints = recorder, endpoints
+        self.directory = Path(settings.directory)
+        self.state = "recording"
+        self.round = 0
+        self.history: list[dict] = []
+        self.task: asyncio.Task | None = None
+        self.tokens_at_round = 0
+
+    def status(self) -> dict:
+        return {"state": self.state, "round": self.round,
+                "recorded_tokens": self.recorder.stats["tokens"],
+                "next_round_at_tokens": self.tokens_at_round + self.settings.every_tokens,
+                "history": self.history}
+
+    def start(self) -> None:
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def _save(self, event: dict) -> None:
+        self.history.append({"time": time.time(), "round": self.round, **event})
+        (self.directory / "adapt.json").write_text(json.dumps(self.status(), indent=1))
+        _logger().info("vllm-mtp adapt: %s", json.dumps(event))
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the server goes on; the round is dropped
+                self.state = "recording"
+                self._save({"event": "failed", "error": f"{type(exc).__name__}: {exc}"})
+            await asyncio.sleep(self.settings.poll_s)
+
+    async def _step(self) -> None:
+        recorded = self.recorder.stats["tokens"]
+        if recorded - self.tokens_at_round < self.settings.every_tokens:
+            return
+        self.round += 1
+        self.tokens_at_round = recorded
+        versions = self.endpoints.versions
+        serving = versions.current
+        round_dir = self.directory / "rounds" / str(self.round)
+        snapshot = sorted(self.recorder.directory.glob("shard-*.safetensors"))
+        data = _link_shards(snapshot, round_dir / "data")
+        candidate = self.directory / "layers" / f"round-{self.round}"
+        self.state = "training"
+        self._save({"event": "training", "from": serving["path"], "shards": len(snapshot),
+                    "recorded_tokens": recorded})
+        await self._subprocess(["-m", "vllm_mtp_plugin.tools.cli", "train", serving["path"],
+                                "--data", str(data), "--out", str(candidate), "--work-dir",
+                                str(round_dir / "work"), "--steps", str(self.settings.steps),
+                                "--quiet"], round_dir / "train.log")
+        self.state = "waiting for held-out traffic"
+        heldout = await self._heldout_after(set(snapshot), round_dir / "heldout")
+        self.state = "evaluating"
+        result = round_dir / "evaluation.json"
+        await self._subprocess(["-m", "vllm_mtp_plugin.tools.live.evaluate", serving["path"],
+                                str(candidate), str(heldout), "--out", str(result)],
+                               round_dir / "evaluate.log")
+        scores = json.loads(result.read_text())
+        if not better_beyond_noise(scores["candidate"], scores["serving"]):
+            self.state = "recording"
+            self._save({"event": "kept", "why": "the candidate is not better beyond noise on "
+                        "held-out traffic", **_agreements(scores)})
+            return
+        status, answer = await self.endpoints.reload(str(candidate))
+        if status != 200:
+            self.state = "recording"
+            self._save({"event": "swap refused", "status": status, "error": answer.get("error")})
+            return
+        self._save({"event": "swapped", "version": answer["version"], **_agreements(scores)})
+        self.state = "watching"
+        await self._watch(previous=serving)
+        self.state = "recording"
+
+    async def _heldout_after(self, seen: set[Path], into: Path) -> Path:
+        """Shards recorded after the training snapshot, once they hold enough tokens."""
+        from ..train.data import shard_summary
+
+        while True:
+            fresh = [s for s in sorted(self.recorder.directory.glob("shard-*.safetensors"))
+                     if s not in seen]
+            if fresh:
+                tokens = shard_summary(_link_shards(fresh, into))["tokens"]
+                if tokens >= self.settings.min_heldout_tokens:
+                    return into
+                for link in into.iterdir():
+                    link.unlink()
+            await asyncio.sleep(self.settings.poll_s)
+
+    async def _watch(self, previous: dict) -> None:
+        """Roll back when the new layer's served acceptance falls below its predecessor's."""
+        from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+        from .endpoints import vllm_counters
+
+        versions = self.endpoints.versions
+        new = versions.current
+        drafts = "vllm:spec_decode_num_draft_tokens"
+        while versions.current is new:
+            counts = dict(versions.by_version(vllm_counters(get_prometheus_registry())))
+            if counts[new["version"]][drafts] >= self.settings.window_drafts:
+                if served_worse(counts[new["version"]], counts[previous["version"]]):
+                    status, answer = await self.endpoints.reload(previous["path"])
+                    self._save({"event": "rolled back" if status == 200 else "rollback failed",
+                                "from_version": new["version"], "to": previous["path"],
+                                "answer_status": status, "served": _served(counts, new,
+                                                                            previous)})
+                else:
+                    self._save({"event": "kept after watching", "version": new["version"],
+                                "served": _served(counts, new, previous)})
+                return
+            await asyncio.sleep(self.settings.poll_s)
+
+    async def _subprocess(self, args: list[str], log: Path) -> None:
+        threads = str(self.settings.threads)
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+               "CUDA_VISIBLE_DEVICES": os.environ.get("VLLM_MTP_ADAPT_DEVICES", "")}
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as out:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, *args, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
+                preexec_fn=lambda: os.nice(10))
+            code = await process.wait()
+        if code != 0:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise RuntimeError(f"{' '.join(args[:4])} failed (exit {code}): {tail[0]} "
+                               f"(log: {log})")
+
+
+def _agreements(scores: dict) -> dict:
+    return {f"{k}_agreement": scores[k]["agreement"][0] for k in ("candidate", "serving")} | {
+        "positions": scores["serving"]["positions"]}
+
+
+def _served(counts: dict, new: dict, old: dict) -> dict:
+    def rate(c):
+        n = c["vllm:spec_decode_num_draft_tokens"]
+        return c["vllm:spec_decode_num_accepted_tokens"] / n if n else None
+    return {"new": rate(counts[new["version"]]), "previous": rate(counts[old["version"]]),
+            "new_draft_tokens": counts[new["version"]]["vllm:spec_decode_num_draft_tokens"]}
