@@ -63,7 +63,8 @@ def choice(model: Path, work: Path) -> dict:
     engine = {"prefix_caching": config.cache_config.enable_prefix_caching,
               "chunked_prefill": config.scheduler_config.enable_chunked_prefill,
               "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-              "compilation_mode": str(config.compilation_config.mode)}
+              "compilation_mode": getattr(config.compilation_config.mode, "name",
+                                          str(config.compilation_config.mode))}
     greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     llm.chat(conversations(1)[:2], greedy, use_tqdm=False)  # warm-up, not recorded
     first = conversations(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from . import acceptance, doctor, model, speed, training, tune
+from . import acceptance, doctor, live, model, speed, training, tune
 from .common import View
 
 TRAINED = (acceptance.TRAINED,)
@@ -14,6 +14,9 @@ TUNE = tuple(f"benchmarks/results/tune-{name}/{f}" for name in tune.MODELS
 VIEWS: dict[str, View] = {
     "doctor-selftest": View(doctor.selftest_table, (doctor.SELFTEST,)),
     "doctor-selftest-minutes": View(doctor.selftest_minutes, (doctor.SELFTEST,)),
+    "live-record-cost": View(live.record_cost, (live.COST,)),
+    "live-record-cost-ratio": View(live.record_cost_ratio, (live.COST,)),
+    "live-record-choice": View(live.record_choice, (live.CHOICE,)),
     "trained-quality": View(model.quality_table, (model.RECORD,)),
     "trained-quality-sentence": View(model.quality_sentence, (model.RECORD,)),
     "trained-parameters": View(model.parameters, (model.RECORD,)),
