@@ -36,12 +36,6 @@ def _logger():
     return init_logger("vllm.vllm_mtp_plugin.adapt")
 
 
-def wilson(successes: float, n: float) -> tuple[float, float] | None:
-    from ..bench.stats import wilson as interval
-
-    return interval(successes, n)
-
-
 def better_beyond_noise(candidate: dict, serving: dict) -> bool:
     """The candidate's first-position agreement interval lies above the serving layer's."""
     a, b = candidate.get("agreement_interval"), serving.get("agreement_interval")
@@ -51,6 +45,8 @@ def better_beyond_noise(candidate: dict, serving: dict) -> bool:
 def served_worse(new: dict[str, float], old: dict[str, float]) -> bool:
     """The new layer's served acceptance (accepted / draft tokens) interval lies below the old
     one's."""
+    from ..bench.stats import wilson
+
     key_a, key_n = "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_draft_tokens"
     a, b = wilson(new[key_a], new[key_n]), wilson(old[key_a], old[key_n])
     return bool(a and b and a[1] < b[0])
