@@ -130,6 +130,25 @@ def test_layer_names_round_trip(models):
         assert torch.equal(tensor, stored[name]), name
 
 
+def test_a_layer_trained_from_an_export_exports_again(models, tmp_path):
+    """A refresh of a refreshed layer (``--adapt`` trains each round from the layer that serves):
+    the first export's report is not carried into the second, whose own goes there."""
+    full, _ = models
+    model = MtpTrainModel(open_target(full), "checkpoint", 1, "chained")
+    layer = to_checkpoint_tensors(model.layers[0].state_dict())
+    export(open_target(full), [layer], tmp_path / "first")
+    (tmp_path / "first" / "training").mkdir()
+    (tmp_path / "first" / "training" / "training.json").write_text("{}")
+    layer["eh_proj.weight"] = layer["eh_proj.weight"] * 1.5
+    export(open_target(tmp_path / "first"), [layer], tmp_path / "second")
+    second = tmp_path / "second"
+    assert not (second / "training").exists()
+    assert not mtp_problems(second, json.loads((second / "config.json").read_text()))
+    with safe_open(str(second / LAYER_SHARD), "pt") as f:
+        assert torch.equal(f.get_tensor("model.layers.4.eh_proj.weight"),
+                           layer["eh_proj.weight"].to(torch.bfloat16))
+
+
 def test_export_serves_the_trained_layer_beside_the_targets_files(models, data, tmp_path):
     full, _ = models
     target = open_target(full)

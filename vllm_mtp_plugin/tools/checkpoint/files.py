@@ -31,6 +31,13 @@ def link_or_copy(src: Path, dst: Path, copy: bool) -> None:
         os.symlink(src.resolve(), dst)
 
 
+def is_training_report(item: Path) -> bool:
+    """``vllm-mtp train``'s report beside a layer it trained (``OUT/training``): it describes
+    that layer, not one trained from it (a refresh of a refreshed layer, as ``--adapt`` does
+    each round), so it is not carried over."""
+    return item.name == "training" and (item / "training.json").is_file()
+
+
 def target_weight_map(target: TargetCheckpoint) -> dict[str, str]:
     """Tensor name -> shard file: the target's index as written, else from its headers."""
     index = target.dir / INDEX
@@ -66,7 +73,8 @@ def assemble(target: TargetCheckpoint, out: Path, layer_map: dict[str, str], mtp
     weight_map = target_weight_map(target)
     rewritten = sorted({weight_map[n] for n in drop if n in weight_map})
     for item in sorted(target_dir.iterdir()):
-        if item.name in ("config.json", INDEX) or item.name.startswith("."):
+        if item.name in ("config.json", INDEX) or item.name.startswith(".") or \
+                is_training_report(item):
             continue
         if item.name in rewritten:
             _without(item, out / item.name, drop)
