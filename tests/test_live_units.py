@@ -263,6 +263,24 @@ def test_adapt_implies_record_and_reload_and_refuses_both(tmp_path):
                             *SPEC])
 
 
+def test_adapt_on_a_cpu_needs_a_sized_kv_cache(tmp_path, monkeypatch):
+    """vLLM's CPU worker would take 92 % of memory for the KV cache and leave the trainer none
+    (the OOM killer then takes the server)."""
+    from vllm_mtp_plugin.platform import platform_family
+
+    assert platform_family() == "cpu"
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    with pytest.raises(LiveOptionError, match="VLLM_CPU_KVCACHE_SPACE=GiB"):
+        split_live_options(["model", "--adapt", str(tmp_path / "a"), *SPEC])
+    for sized in (["--kv-cache-memory-bytes", "4G"], ["--gpu-memory-utilization=0.3"]):
+        live, rest = split_live_options(["model", "--adapt", str(tmp_path / "a"), *SPEC, *sized])
+        assert live.adapt is not None and sized[0] in rest
+    live, _ = split_live_options(["model", "--record", str(tmp_path / "r"), *SPEC])
+    assert live.record is not None  # recording alone starts no trainer
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    assert split_live_options(["model", "--adapt", str(tmp_path / "a"), *SPEC])[0].adapt
+
+
 def test_adapt_decides_by_intervals_not_by_point_estimates():
     from vllm_mtp_plugin.tools.live.adapt import better_beyond_noise, served_worse
 

@@ -152,9 +152,32 @@ def split_live_options(argv: list[str]) -> tuple[LiveSettings, list[str]]:
     if servers not in (None, "1"):
         raise LiveOptionError(f"{what} runs in the API server process and supports one: leave "
                               f"out --api-server-count {servers}.")
+    if settings.adapt:
+        _memory_left_for_training(rest)
     if extension is None:
         rest = [*rest, "--worker-extension-cls", WORKER_EXTENSION]
     return settings, rest
+
+
+KV_CACHE_FLAGS = ("--kv-cache-memory-bytes", "--kv_cache_memory_bytes", "--gpu-memory-utilization",
+                  "--gpu_memory_utilization")
+
+
+def _memory_left_for_training(rest: list[str]) -> None:
+    """On a CPU, vLLM gives the KV cache ``gpu_memory_utilization`` (0.92) of the machine's
+    memory and touches all of it at start-up (``v1/worker/cpu_worker.py``): the training process
+    ``--adapt`` starts would then be killed for memory, and the server with it (seen on a 24 GiB
+    machine). Refuse unless the KV cache is sized."""
+    from ...platform import platform_family
+
+    if platform_family() != "cpu" or "VLLM_CPU_KVCACHE_SPACE" in os.environ or any(
+            _peek(rest, flag) is not None for flag in KV_CACHE_FLAGS):
+        return
+    raise LiveOptionError(
+        "--adapt on a CPU: vLLM would give the KV cache 92 % of this machine's memory, and the "
+        "training process would run out of it. Size the KV cache: VLLM_CPU_KVCACHE_SPACE=GiB "
+        "(e.g. 4) in the environment, or --kv-cache-memory-bytes, or a lower "
+        "--gpu-memory-utilization.")
 
 
 def _record_settings(ours) -> RecordSettings:
