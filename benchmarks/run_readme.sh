@@ -3,7 +3,7 @@
 # folder and then rendering the docs' tables from it (python benchmarks/tables.py):
 #   run_readme.sh [trained] [verify_bench] [verify_trained] [verify_avx2] [offline] [sizes] [serve]
 #                 [tune_bench] [tune_trained] [tune_sampled] [no_plugin] [v4tiny] [training]
-#                 [doctor] [live]
+#                 [doctor] [live] [live_adapt]
 # (all without arguments; several hours on 2 cores). Run it on a quiet machine: every result row
 # records the CPU time other processes used meanwhile, and speed figures are medians over 3
 # engine processes per configuration.
@@ -112,7 +112,11 @@ live() {  # vllm-mtp serve --record: own passes vs re-prefill, and the cost of F
     python benchmarks/live_record.py cost --out "$OUT/live"
 }
 
-parts=${*:-trained verify_bench verify_trained verify_avx2 offline sizes serve tune_bench tune_trained tune_sampled no_plugin v4tiny training doctor live}
+live_adapt() {  # vllm-mtp serve --adapt on a target whose layer no longer fits (results/live/adapt.json)
+    python benchmarks/live_adapt.py --out "$OUT/live"
+}
+
+parts=${*:-trained verify_bench verify_trained verify_avx2 offline sizes serve tune_bench tune_trained tune_sampled no_plugin v4tiny training doctor live live_adapt}
 for p in $parts; do
     "$p"
     python benchmarks/tables.py  # the docs' tables and figures from what the part wrote
