@@ -59,3 +59,65 @@ def record_choice() -> str:
         f"without recording and {seconds['own_passes_recorded']:.2f} s recording every drafter "
         f"call; re-prefilling all {sum(r['sequences'] for r in turns)} sequences took "
         f"{data['reprefill_s']:.2f} s. {source_line(CHOICE)}"])
+
+
+ADAPT = "benchmarks/results/live/adapt.json"
+
+
+def adapt_events() -> str:
+    """Each round of ``--adapt`` in the proof (``benchmarks/live_adapt.py``): when, what it
+    decided, the held-out agreements and the served acceptance it watched."""
+    data = load(ADAPT)
+    rows = []
+    for e in data["events"]:
+        figures = ""
+        if "candidate_agreement" in e:
+            figures = (f"held-out agreement: candidate {e['candidate_agreement']:.3f}, serving "
+                       f"{e['serving_agreement']:.3f} ({e['positions']} positions)")
+        elif "served" in e:
+            s = e["served"]
+            figures = (f"served acceptance: new {s['new']:.3f} over {s['new_draft_tokens']:.0f} "
+                       f"draft tokens, previous {s['previous']:.3f}")
+        elif e["event"] == "training":
+            figures = f"{e['shards']} shards, {e['recorded_tokens']} recorded tokens"
+        elif "error" in e:
+            figures = e["error"].replace("|", "/")[:160]
+        rows.append([f"{e['t'] / 60:.1f}", str(e["round"]), e["event"], figures])
+    return table(["minute", "round", "event", "figures"], rows)
+
+
+def adapt_summary() -> str:
+    """The proof's outcome: the held-out acceptance of the layer serving at the end against the
+    starting layer and the offline refresh, the traffic, failures and the losslessness check."""
+    data = load(ADAPT)
+    held, offline = data["held_out"], data["offline"]
+    rows = []
+    for label, per_k in (("starting layer (the base model's)", held["start_layer"]),
+                         ("layer serving at the end of --adapt", held["final_layer"]),
+                         ("offline vllm-mtp train on the same text", offline["refreshed"])):
+        rows.append([label] + [
+            " / ".join(f"{a:.3f}" for a in per_k[k]["per_position"]) if k in per_k else "–"
+            for k in ("1", "2", "3")])
+    settings, requests, lossless = data["settings"], data["requests"], data["lossless"]
+    return "\n".join([
+        table(["layer (held-out C++ headers, greedy, bf16)", "k = 1", "k = 2 (per position)",
+               "k = 3 (per position)"], rows), "",
+        f"After {settings['minutes']:g} minutes of `--adapt` the layer serving reached "
+        f"{data['ratio_to_offline_k1']:.2f}× of the offline refresh's first-position acceptance "
+        f"(version {data['final_version']}; the offline layer: "
+        f"{offline['train_tokens']} tokens, {offline['train_seconds'] / 60:.0f} minutes of "
+        f"`vllm-mtp train`, from `{offline['file']}` at commit {str(offline['commit'])[:10]}; "
+        f"the fine-tuned target is the same: held-out perplexity "
+        f"{data['target']['fine_tune']['held_out_cpp_perplexity']['fine_tuned']:.4f} here, "
+        f"{offline['fine_tuned_perplexity']:.4f} there). Traffic: {requests['finished']} "
+        f"requests ({requests['output_tokens']} output tokens) at concurrency "
+        f"{settings['concurrency']}, {requests['failed']} failed; {data['recorded_tokens']} "
+        f"tokens recorded. Losslessness: {lossless['checked_near_swaps']} requests within "
+        f"seconds of the {lossless['swaps']} swap(s) ({lossless['in_flight_during_a_swap']} in "
+        f"flight during one) and {lossless['checked_others']} others compared with the "
+        f"target's own greedy continuation: {lossless['mismatches']} differ. "
+        f"{source_line(ADAPT)}"])
+
+
+def adapt_ratio() -> str:
+    return f"{load(ADAPT)['ratio_to_offline_k1']:.2f}×"
