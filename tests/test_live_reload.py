@@ -102,7 +102,7 @@ def swapped(layers):
             time.sleep(0.2)
         after_tokens, after = _greedy(server)
         refusals = {
-            "outside": request_reload(server.base_url, str(layers["noised"]), KEY),
+            "outside": request_reload(server.base_url, str(layers["root"]), KEY),
             "other-shape": request_reload(server.base_url, "other-shape", KEY),
             "no-key": request_reload(server.base_url, str(layers["good"]), None),
         }

@@ -239,6 +239,12 @@ def test_reload_paths_stay_below_the_directory(tmp_path):
     for outside in ("../elsewhere", str(tmp_path / "elsewhere"), "link"):
         with pytest.raises(PermissionError, match="outside"):
             plugin.resolve(outside)
+    # a layer that served before may serve again (a rollback to the checkpoint served at start)
+    (tmp_path / "served").mkdir()
+    plugin.versions = LayerVersions(str((tmp_path / "served").resolve()))
+    assert plugin.resolve(str(tmp_path / "served")) == (tmp_path / "served").resolve()
+    with pytest.raises(PermissionError, match="no layer that served here"):
+        plugin.resolve(str(tmp_path / "elsewhere"))
     versions = LayerVersions("served")
     counts = {"vllm:spec_decode_num_drafts": 10.0, "vllm:spec_decode_num_draft_tokens": 10.0,
               "vllm:spec_decode_num_accepted_tokens": 4.0}

@@ -6,14 +6,18 @@ rows shifted by one token (``logits.roll(1)``), as a drafter holding a wrong or 
 would: the layer's output is right, every draft token is the wrong one.
 ``MTP_TEST_FAULT=drafter-norms``: after loading, each MTP layer's ``enorm`` and ``hnorm`` weights
 are swapped, as a loader that mixes them up would: the layer computes something else than its
-files say. Installed by the suite's
+files say.
+``MTP_TEST_FAULT=round-1-head``: a layer reloaded from a directory named ``round-1`` (``--adapt``'s
+first candidate) drafts through the shifted head, any other layer normally: a candidate that is
+better on held-out data (evaluated outside vLLM) yet serves worse, which ``--adapt`` must roll
+back. Installed by the suite's
 ``sitecustomize`` (``tests/mrv2_harness``) in every process a test starts or vLLM spawns, when
 the module is imported (an import hook: nothing is imported early).
 """
 
 from vllm_mtp_plugin.patches.import_hooks import after_import
 
-FAULTS = ("drafter-head", "drafter-norms")
+FAULTS = ("drafter-head", "drafter-norms", "round-1-head")
 
 
 def _shift_drafter_head(module) -> None:
@@ -45,7 +49,40 @@ def _swap_drafter_norms(module) -> None:
     predictor.load_weights = load_weights
 
 
+def _shift_head_of_round_1(module) -> None:
+    from pathlib import Path
+
+    extension = module.LiveWorkerExtension
+    reload = extension.reload_mtp_layer
+
+    def reload_mtp_layer(self, path: str, served_config: dict) -> dict:
+        answer = reload(self, path, served_config)
+        drafter = getattr(getattr(self.model_runner, "drafter", None), "model", None)
+        if drafter is not None and "error" not in answer:
+            drafter.test_fault_shift_head = Path(path).name == "round-1"
+        return answer
+
+    extension.reload_mtp_layer = reload_mtp_layer
+
+
+def _shift_head_when_flagged(module) -> None:
+    predictor = module.DeepSeekMultiTokenPredictor
+    original = predictor.compute_logits
+
+    def compute_logits(self, hidden_states, spec_step_idx: int = 0):
+        logits = original(self, hidden_states, spec_step_idx)
+        if logits is None or not getattr(self, "test_fault_shift_head", False):
+            return logits
+        return logits.roll(1, dims=-1)
+
+    predictor.compute_logits = compute_logits
+
+
 def install(name: str) -> None:
+    if name == "round-1-head":
+        after_import("vllm_mtp_plugin.live_worker", _shift_head_of_round_1)
+        after_import("vllm_mtp_plugin.models.predictor", _shift_head_when_flagged)
+        return
     faults = {"drafter-head": _shift_drafter_head, "drafter-norms": _swap_drafter_norms}
     if name not in faults:
         raise ValueError(f"MTP_TEST_FAULT={name!r}: not one of {FAULTS}")

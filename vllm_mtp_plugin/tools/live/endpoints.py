@@ -67,6 +67,21 @@ class LayerVersions:
         return out
 
 
+def served_model_dir(model_config) -> str:
+    """The directory the served checkpoint was loaded from (version 0, what a rollback loads):
+    the model path given, resolved, or for a Hugging Face repository id its local snapshot."""
+    model = Path(str(model_config.model)).expanduser()
+    if model.is_dir():
+        return str(model.resolve())
+    try:
+        from huggingface_hub import snapshot_download
+
+        return str(Path(snapshot_download(str(model_config.model), revision=getattr(
+            model_config, "revision", None), local_files_only=True)).resolve())
+    except Exception:  # noqa: BLE001 - not cached locally: the id stays, a rollback says why
+        return str(model_config.model)
+
+
 def vllm_counters(registry) -> dict[str, float]:
     """vLLM's speculative decoding counters, summed over engines and labels."""
     totals = {name: 0.0 for name in COUNTERS}
@@ -176,21 +191,24 @@ class LiveEndpoints:
         if engine_client is None:
             return
         self.served = served_config(engine_client.model_config)
-        self.versions = LayerVersions(str(engine_client.model_config.model))
+        self.versions = LayerVersions(served_model_dir(engine_client.model_config))
         registry = get_prometheus_registry()
         registry.register(VersionCollector(self.versions, registry))
         if self.adapter is not None:
             self.adapter.start()
 
     def resolve(self, given: str) -> Path:
-        """``given`` (absolute, or relative to DIR) if it lies below DIR, else ``PermissionError``."""
+        """``given`` (absolute, or relative to DIR) if it lies below DIR or is a layer that served
+        before (a rollback: the checkpoint the server started with lies elsewhere), else
+        ``PermissionError``."""
         root = self.settings.directory
         path = Path(given).expanduser()
         path = (path if path.is_absolute() else root / path).resolve()
-        if not path.is_relative_to(root):
+        served = {layer["path"] for layer in self.versions.layers} if self.versions else set()
+        if not path.is_relative_to(root) and str(path) not in served:
             raise PermissionError(f"{given}: outside {root}, the directory this server reads "
-                                  "layers from (--enable-layer-reload); copy or train the layer "
-                                  "into it.")
+                                  "layers from (--enable-layer-reload), and no layer that served "
+                                  "here; copy or train the layer into it.")
         return path
 
     async def reload(self, given: str) -> tuple[int, dict]:
