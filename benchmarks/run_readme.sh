@@ -3,7 +3,7 @@
 # folder and then rendering the docs' tables from it (python benchmarks/tables.py):
 #   run_readme.sh [trained] [verify_bench] [verify_trained] [verify_avx2] [offline] [sizes] [serve]
 #                 [tune_bench] [tune_trained] [tune_sampled] [no_plugin] [v4tiny] [training]
-#                 [doctor] [live] [live_adapt]
+#                 [doctor] [doctor_trained] [live] [live_adapt]
 # (all without arguments; several hours on 2 cores). Run it on a quiet machine: every result row
 # records the CPU time other processes used meanwhile, and speed figures are medians over 3
 # engine processes per configuration.
@@ -107,6 +107,13 @@ doctor() {  # vllm-mtp doctor without a model: its checks and its time, the firs
     rm -rf "$cache"
 }
 
+doctor_trained() {  # vllm-mtp doctor MODEL on the trained tiny DeepSeek, its own prompts (verdict, advice, batch sizes)
+    # exit status 1 means another verdict than healthy, which the stored JSON then shows
+    vllm-mtp build-tiny "$LOGS/doctor-trained" --mode trained
+    vllm-mtp doctor "$LOGS/doctor-trained" --prompts vllm_mtp_plugin/tools/data/trained_prompts.jsonl \
+        --json "$OUT/doctor/trained.json" --work-dir "$LOGS/doctor-trained-work" || true
+}
+
 live() {  # vllm-mtp serve --record: own passes vs re-prefill, and the cost of F = 0.1 (results/live)
     python benchmarks/live_record.py choice --out "$OUT/live"
     python benchmarks/live_record.py cost --out "$OUT/live"
@@ -116,7 +123,7 @@ live_adapt() {  # vllm-mtp serve --adapt on a target whose layer no longer fits 
     python benchmarks/live_adapt.py --out "$OUT/live"
 }
 
-parts=${*:-trained verify_bench verify_trained verify_avx2 offline sizes serve tune_bench tune_trained tune_sampled no_plugin v4tiny training doctor live live_adapt}
+parts=${*:-trained verify_bench verify_trained verify_avx2 offline sizes serve tune_bench tune_trained tune_sampled no_plugin v4tiny training doctor doctor_trained live live_adapt}
 for p in $parts; do
     "$p"
     python benchmarks/tables.py  # the docs' tables and figures from what the part wrote

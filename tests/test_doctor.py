@@ -29,29 +29,61 @@ def trained_model(tmp_path_factory):
     return trained.write_checkpoint(tmp_path_factory.mktemp("doctor") / "trained", 1)
 
 
+@pytest.fixture(scope="module")
+def foreign_target(trained_model, tmp_path_factory):
+    """The trained target as Hugging Face transformers writes it (its file names, 2 MB shards, an
+    index, its config writer): without its MTP layer, as a fine-tune saved by transformers is."""
+    import torch
+    from transformers import AutoTokenizer, DeepseekV3ForCausalLM
+
+    out = tmp_path_factory.mktemp("foreign") / "foreign"
+    model = DeepseekV3ForCausalLM.from_pretrained(trained_model, dtype=torch.bfloat16)
+    model.save_pretrained(out, max_shard_size="2MB")
+    AutoTokenizer.from_pretrained(trained_model).save_pretrained(out)
+    assert len(list(out.glob("model-*.safetensors"))) > 1
+    return out
+
+
 def _noised(source: Path, dest: Path, scale: float) -> Path:
     """The MTP layer's own and block tensors with Gaussian noise ``scale`` times their spread."""
     return edited_copy(source, dest, tensors=noise(
         f"model.layers.{trained.ARCH.num_hidden_layers}.", scale))
 
 
-def _diagnose(model: Path, tmp_path: Path, *extra: str) -> dict:
+def _diagnose(model: Path, tmp_path: Path, *extra: str, batch_sizes: str = "none") -> dict:
     report_path = tmp_path / f"{model.name}.json"
     main([str(model), "--json", str(report_path), "--work-dir", str(tmp_path / model.name),
-          "--max-tokens", "48", "--prompts", TRAINED_PROMPTS, *extra])
+          "--max-tokens", "48", "--prompts", TRAINED_PROMPTS, "--batch-sizes", batch_sizes,
+          *extra])
     return json.loads(report_path.read_text())
 
 
-def test_a_healthy_layer(trained_model, tmp_path):
-    report = _diagnose(trained_model, tmp_path)
+def test_a_healthy_layer(trained_model, foreign_target, tmp_path):
+    """The target's files written by transformers, its layer grafted from the original."""
+    from vllm_mtp_plugin.tools.cli import main as vllm_mtp
+
+    grafted = tmp_path / "grafted"
+    assert vllm_mtp(["graft", str(trained_model), str(foreign_target), "--out", str(grafted)]) == 0
+    report = _diagnose(grafted, tmp_path, batch_sizes="1,16")
     assert report["verdict"] == "healthy", report["reasons"]
     probe, ref = report["probe"], report["reference"]
     assert probe["drafts"] >= 200 and ref["positions"] >= 200
     # The served layer computes the files' layer (bf16 or fp32 serving against fp32).
     assert ref["served_output"]["relative_distance"] < 0.05
     assert abs(probe["acceptance"] - ref["agreement"][0]) < 0.1
-    assert [c["name"] for c in report["checks"]] == ["start-up-check", "served-probe", "reference"]
+    assert [c["name"] for c in report["checks"]] == ["start-up-check", "served-probe", "reference",
+                                                     "batch-sizes"]
     assert any(line.startswith("k: tokens per step") for line in report["advice"])
+    # Batch-size advice from two engines timed here: k = 1 against k = 0 at batch 1 and 16, with
+    # the acceptance those engines measured (the trained layer: about 1.7 tokens per step).
+    batch = report["batch_sizes"]
+    assert [r["batch_size"] for r in batch["rows"]] == [1, 16]
+    assert 1.5 < batch["acceptance_length_k1"] < 1.95
+    for row in batch["rows"]:
+        assert row["tok_s_without"] > 0 and row["tok_s_k1"] > 0
+        assert 0.2 < row["modelled_speedup"] < 2.0 and row["measured_speedup"] > 0
+    [line] = [a for a in report["advice"] if a.startswith("batch size:")]
+    assert f"batch 16: {batch['rows'][1]['modelled_speedup']:.2f}x" in line
 
 
 def test_a_layer_that_does_not_fit_its_target(trained_model, tmp_path):
@@ -79,11 +111,15 @@ def test_a_serving_fault_is_told_from_the_layer(trained_model, tmp_path, monkeyp
     assert cause in report["causes"][0]
 
 
-def test_no_mtp_layer_and_a_dspark_drafter_are_not_mtp(checkpoints, tmp_path, capsys):
+def test_no_mtp_layer_and_a_dspark_drafter_are_not_mtp(checkpoints, foreign_target, tmp_path,
+                                                       capsys):
     bare = edited_copy(checkpoints("oracle"), tmp_path / "bare", tensors=drop("model.layers.2."),
                        num_nextn_predict_layers=0)
     v4 = build_v4(tmp_path / "v4", "random")
     dspark = edited_copy(v4, tmp_path / "dspark", tensors=drop("mtp.0.enorm.", "mtp.0.hnorm."))
+    report = _diagnose(foreign_target, tmp_path)  # transformers dropped the layer it declares
+    assert (report["verdict"], report["drafter_kind"]) == ("not-mtp", "none"), report["reasons"]
+    assert "vllm-mtp graft SOURCE MODEL" in report["next"][0]
     for model, kind in ((bare, "none"), (dspark, "dspark")):
         report = _diagnose(model, tmp_path)
         assert (report["verdict"], report["drafter_kind"]) == ("not-mtp", kind)

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from vllm_mtp_plugin.tools.bench.stats import wilson
 from vllm_mtp_plugin.tools.doctor import reference, selftest, verdict
 from vllm_mtp_plugin.tools.doctor.checks import SCHEMA, Check, as_dicts, write_report
 from vllm_mtp_plugin.tools.doctor.platform_facts import engine_mode
@@ -48,23 +49,23 @@ def test_homogeneity_passes_one_distribution_and_fails_a_shifted_one():
 
 
 PROBE = {"drafts": 400, "accepted": 300, "acceptance": 0.75,
-         "interval": reference.wilson(300, 400)}
+         "interval": wilson(300, 400)}
 
 
 def _reference(agreement: float, positions: int = 600, distance: float = 0.01,
                served: float | None = None) -> dict:
     served = agreement if served is None else served
     return {"agreement": [agreement, agreement * 0.6], "positions": positions,
-            "agreement_interval": reference.wilson(agreement * positions, positions),
+            "agreement_interval": wilson(agreement * positions, positions),
             "accepted_by_k": [agreement, agreement * 0.6], "served_output": {
                 "agreement": served, "relative_distance": distance,
-                "agreement_interval": reference.wilson(served * positions, positions)},
+                "agreement_interval": wilson(served * positions, positions)},
             "sampled": {"temperature": 1.0, "greedy_drafts": 0.3, "probabilistic_drafts": 0.6}}
 
 
 def test_each_verdict_from_its_figures():
     assert verdict.decide("mtp", [], PROBE, _reference(0.76), None)["verdict"] == "healthy"
-    low = {**PROBE, "accepted": 100, "acceptance": 0.25, "interval": reference.wilson(100, 400)}
+    low = {**PROBE, "accepted": 100, "acceptance": 0.25, "interval": wilson(100, 400)}
     decided = verdict.decide("mtp", [], low, _reference(0.76), None)
     assert decided["verdict"] == "serving-mismatch"
     assert "the served layer computes what the files say" in decided["causes"][0]
@@ -72,12 +73,12 @@ def test_each_verdict_from_its_figures():
     assert "computes something else than the files' layer" in broken_layer["causes"][0]
     # Ten points lower, intervals apart, and the served layer computes something else: a loading
     # fault (enorm/hnorm swapped cost the trained tiny model 0.72 -> 0.62), though not "far below".
-    slightly = {**PROBE, "accepted": 248, "acceptance": 0.62, "interval": reference.wilson(248, 400)}
+    slightly = {**PROBE, "accepted": 248, "acceptance": 0.62, "interval": wilson(248, 400)}
     assert verdict.decide("mtp", [], slightly, _reference(0.72), None)["verdict"] == "healthy"
     swapped = verdict.decide("mtp", [], slightly, _reference(0.72, distance=0.5, served=0.63), None)
     assert swapped["verdict"] == "serving-mismatch"
     assert "computes something else than the files' layer" in swapped["causes"][0]
-    both_low = {**PROBE, "accepted": 120, "acceptance": 0.3, "interval": reference.wilson(120, 400)}
+    both_low = {**PROBE, "accepted": 120, "acceptance": 0.3, "interval": wilson(120, 400)}
     mismatch = verdict.decide("mtp", [], both_low, _reference(0.3), None)
     assert mismatch["verdict"] == "layer-mismatch"
     assert "vllm-mtp train MODEL --init checkpoint" in mismatch["next"][0]
@@ -92,7 +93,7 @@ def test_each_verdict_from_its_figures():
 def test_within_noise_is_not_a_serving_mismatch():
     """0.55 served over 40 drafts vs 0.76 own over 100 positions: below the ratio, but the
     intervals overlap, so healthy."""
-    near = {"drafts": 40, "accepted": 22, "acceptance": 0.55, "interval": reference.wilson(22, 40)}
+    near = {"drafts": 40, "accepted": 22, "acceptance": 0.55, "interval": wilson(22, 40)}
     assert verdict.decide("mtp", [], near, _reference(0.76, positions=100), None)["verdict"] == \
         "healthy"
 
@@ -216,3 +217,39 @@ def test_tensor_parallel_ranks_get_their_cores_on_a_cpu(monkeypatch):
     assert selftest.cpu_thread_binding(1) == {}
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     assert selftest.cpu_thread_binding(2) == {}  # the user's own binding stands
+
+
+def _batch(*speedups: float) -> dict:
+    return {"acceptance_length_k1": 1.7, "rows": [
+        {"batch_size": c, "modelled_speedup": s, "measured_speedup": s + 0.01,
+         "tok_s_without": 100.0, "tok_s_k1": 100.0 * s}
+        for c, s in zip((1, 8, 32), speedups)]}
+
+
+@pytest.mark.parametrize("speedups, verdict_text", [
+    ((1.6, 1.3, 1.1), "MTP pays at every batch size measured"),
+    ((1.4, 1.1, 0.8), "MTP pays up to batch 8 and loses from batch 32"),
+    ((0.9, 0.8, 0.7), "MTP costs more than it gains at every batch size"),
+    ((1.02, 0.99, 1.0), "MTP about breaks even"),
+])
+def test_batch_size_advice_from_the_measured_speedups(speedups, verdict_text):
+    from vllm_mtp_plugin.tools.doctor.batch import batch_advice
+
+    [line] = batch_advice(_batch(*speedups))
+    assert line.startswith("batch size: k = 1 against no speculation")
+    assert verdict_text in line
+    assert f"batch 1: {speedups[0]:.2f}x (measured {speedups[0] + 0.01:.2f}x)" in line
+    assert batch_advice(None) == [] and batch_advice({"rows": []}) == []
+
+
+def test_batch_sizes_option():
+    import argparse
+
+    from vllm_mtp_plugin.tools.doctor.cli import _batch_sizes, parse_args
+
+    assert _batch_sizes("1,8, 32") == (1, 8, 32) and _batch_sizes("none") == ()
+    for bad in ("0,8", "x", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="give batch sizes >= 1"):
+            _batch_sizes(bad)
+    args, extra = parse_args(["m", "--batch-sizes", "2,4", "--max-num-seqs", "4"])
+    assert args.batch_sizes == (2, 4) and extra == ["--max-num-seqs", "4"]

@@ -30,6 +30,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="with MODEL: prompts like your traffic (plain lines, JSONL with prompt "
                         "or messages, ShareGPT; default: the bundled ones)")
     p.add_argument("--max-tokens", type=int, default=64, help="with MODEL: tokens per prompt")
+    p.add_argument("--batch-sizes", type=_batch_sizes, default=None, metavar="LIST",
+                   help="with MODEL: batch sizes at which k = 1 is timed against no speculation "
+                        "(two more engines) for the advice on batch size, comma-separated; "
+                        "'none' skips it (default: 1,8,32)")
     p.add_argument("--tensor-parallel", type=int, default=None,
                    help="without MODEL: also check TP = N (default: 2 where two devices exist; "
                         "on a CPU, vLLM runs a rank per process: --tensor-parallel 2 checks it)")
@@ -37,6 +41,19 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                                                  "(default: a temporary directory, removed)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine")
     return p.parse_known_args(argv)
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        sizes = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give batch sizes >= 1, comma-separated "
+                                         "(e.g. 1,8,32), or 'none'")
+    return sizes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,6 +122,7 @@ def _diagnose(args, extra: list[str], work: Path) -> dict:
     from importlib import resources
 
     from ..engine.engine_args import engine_args
+    from .batch import DEFAULT_BATCH_SIZES
     from .diagnosis import DiagnosisSettings, diagnose
 
     if not Path(args.model, "config.json").is_file():
@@ -115,6 +133,7 @@ def _diagnose(args, extra: list[str], work: Path) -> dict:
         "data/prompts.jsonl")))
     settings = DiagnosisSettings(
         prompts=prompts, max_tokens=args.max_tokens, timeout=args.timeout,
+        batch_sizes=DEFAULT_BATCH_SIZES if args.batch_sizes is None else args.batch_sizes,
         engine_args=engine_args(extra, "vllm-mtp doctor", ("speculative_config", "model"),
                                 "the probe drafts with k = 1"))
     return {"mode": "diagnosis", **diagnose(Path(args.model), settings, work)}

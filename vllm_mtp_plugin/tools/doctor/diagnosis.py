@@ -9,6 +9,7 @@
    served layer returns) on the same prompts; the layer from the files is evaluated on it outside
    vLLM (``reference.py``).
 4. The verdict from the two (``verdict.py``), and advice on k and temperature from the reference.
+5. Advice on batch size: k = 1 against no speculation at a few batch sizes (``batch.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from ..engine.offline import OfflineConfig, run_config
+from .batch import DEFAULT_BATCH_SIZES, batch_advice, measure_batch_sizes
 from .checks import Check, check
 from .verdict import advice, decide
 
@@ -40,6 +42,7 @@ class DiagnosisSettings:
     engine_args: dict = dataclasses.field(default_factory=dict)
     depth: int = 3  # draft depths the reference evaluates (advice on k)
     timeout: float = 1800.0
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES  # empty: no batch-size measurement
 
 
 def findings(model: Path) -> tuple[str, list[str], dict | None]:
@@ -93,7 +96,7 @@ def summed_counters(runs: list[dict]) -> dict:
 
 def counted(spec: dict) -> dict:
     """Acceptance of the first draft with its 95 % interval, from spec-decode counters."""
-    from .reference import wilson
+    from ..bench.stats import wilson
 
     drafts, accepted = spec.get("num_drafts") or 0, (spec.get("accepted_per_position") or [0])[0]
     return {"drafts": drafts, "accepted": accepted,
@@ -210,6 +213,31 @@ def diagnose(model: Path, settings: DiagnosisSettings, work: Path, progress=prin
                             "no continuation positions to evaluate",
                             **reference, eager_engine=eager, seconds=time.monotonic() - started))
     decision = decide(kind, problems, probe, reference, eager, report, reason)
+    batch = measure_batch(model, settings, prompts, work, checks, progress)
     return {**result, "checks": checks, "probe": probe, "eager_probe": eager,
-            "reference": reference, **decision, "advice": advice(reference, probe)}
+            "reference": reference, **decision, "batch_sizes": batch,
+            "advice": advice(reference, probe) + batch_advice(batch)}
+
+
+def measure_batch(model: Path, settings: DiagnosisSettings, prompts: list, work: Path,
+                  checks: list[Check], progress) -> dict | None:
+    """The batch-size measurement as a check of its own: a failure is reported, and changes no
+    verdict."""
+    if not settings.batch_sizes:
+        return None
+    progress(f"batch sizes {', '.join(map(str, settings.batch_sizes))}: k = 0 and k = 1")
+    started = time.monotonic()
+    try:
+        batch = measure_batch_sizes(model, prompts, list(settings.batch_sizes),
+                                    settings.max_tokens, settings.engine_args, settings.timeout,
+                                    work / "batch", progress)
+    except Exception as exc:  # noqa: BLE001 - as for the probe: reported, not raised
+        checks.append(check("batch-sizes", False, engine_failure(exc, work / "batch"),
+                            error=str(exc)[-4000:]))
+        return None
+    done = [r for r in batch["rows"] if r["modelled_speedup"] is not None]
+    checks.append(check("batch-sizes", bool(done), "k = 1 over no speculation: " + ", ".join(
+        f"batch {r['batch_size']} {r['modelled_speedup']:.2f}x" for r in done) if done else
+        "no decode steps measured", **batch, seconds=time.monotonic() - started))
+    return batch
 

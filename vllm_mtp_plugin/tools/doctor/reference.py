@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from ..bench.stats import wilson
+
 SAMPLED_TEMPERATURE = 1.0
 
 
@@ -112,14 +114,6 @@ def _figures(sums: dict, depth: int, unroll: str, temperature: float, sequences:
                     "greedy_drafts": sums["greedy_t"] / count if count else None,
                     "probabilistic_drafts": sums["probabilistic_t"] / count if count else None},
     }
-
-
-def wilson(accepted: float, n: float, z: float = 1.959964) -> list[float] | None:
-    """95 % Wilson interval of a proportion (the benchmark's ``bench/stats.py`` gives the same)."""
-    from ..bench.stats import wilson as interval
-
-    found = interval(accepted, n, z)
-    return None if found is None else [found[0], found[1]]
 
 
 def expected_tokens_per_step(accepted_by_k: list[float | None]) -> list[float | None]:
