@@ -14,6 +14,7 @@ TUNE = tuple(f"benchmarks/results/tune-{name}/{f}" for name in tune.MODELS
 VIEWS: dict[str, View] = {
     "doctor-selftest": View(doctor.selftest_table, (doctor.SELFTEST,)),
     "doctor-selftest-minutes": View(doctor.selftest_minutes, (doctor.SELFTEST,)),
+    "doctor-trained": View(doctor.trained_report, (doctor.TRAINED,)),
     "live-record-cost": View(live.record_cost, (live.COST,)),
     "live-record-cost-ratio": View(live.record_cost_ratio, (live.COST,)),
     "live-record-choice": View(live.record_choice, (live.CHOICE,)),

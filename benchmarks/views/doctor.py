@@ -25,3 +25,19 @@ def selftest_table() -> str:
 
 def selftest_minutes() -> str:
     return f"{load(SELFTEST)['seconds'] / 60:.1f} min"
+
+
+TRAINED = "benchmarks/results/doctor/trained.json"
+
+
+def trained_report() -> str:
+    """``vllm-mtp doctor MODEL`` on the trained tiny DeepSeek: its checks, verdict and advice,
+    as printed."""
+    data = load(TRAINED)
+    rows = [[f"`{c['name']}`", c["status"], c["summary"].replace("|", "/")] for c in data["checks"]]
+    lines = [f"- {title}: {line}" for title in ("reasons", "advice")
+             for line in data.get(title) or []]
+    return "\n".join([
+        table(["check", "status", "what it measured"], rows), "",
+        f"Verdict: `{data['verdict']}`, {data['seconds'] / 60:.1f} min in all.", "",
+        *[line.replace("|", "/") for line in lines], "", source_line(TRAINED)])
