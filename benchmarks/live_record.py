@@ -13,15 +13,19 @@ choice: one engine serves the traffic with the drafter's recording on for the wh
 recording in the engine's own forward passes would keep), then re-prefills the same sequences the
 way the recorder does (``skip_reading_prefix_cache``); for each, the share of sequences whose
 every position reached the drafter, and of positions.
-cost: ``vllm-mtp serve`` with and without ``--record DIR --record-fraction 0.1``, 3 server
-processes each (alternating), the same streamed chats at concurrency 4 (``ignore_eos``), output
-tokens/s per pass with other processes' CPU seconds.
+cost: ``vllm-mtp serve`` with and without ``--record DIR --record-fraction 0.1``, both running,
+passes alternating between them (3 rounds of fresh server processes), the same streamed chats at
+concurrency 4 (``ignore_eos``); output tokens/s per pass (recording windows that outlast a pass
+charged to it) with other processes' CPU seconds; each recording pass compared with the plain
+pass next to it, since this machine's speed drifts by a third between passes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -32,6 +36,8 @@ from pathlib import Path
 from vllm_mtp_plugin.tools.engine.interference import Meter, disturbed
 from vllm_mtp_plugin.tools.engine.loadgen import run_requests
 from vllm_mtp_plugin.tools.engine.server import Server
+from vllm_mtp_plugin.tools.live import record_metrics
+from vllm_mtp_plugin.tools.live.options import RecordSettings
 from vllm_mtp_plugin.tools.provenance import environment, portable
 from vllm_mtp_plugin.tools.tiny import trained
 
@@ -41,6 +47,8 @@ SYSTEM = ("You are a careful assistant for a software team. Answer in plain lang
           "short and correct, say when you are unsure, and never invent an API.")
 SPEC = {"method": "mtp", "num_speculative_tokens": 1}
 MAX_TOKENS = 64
+# Two servers share the machine in ``cost``: a CPU KV cache of 2 GiB each, not vLLM's 92 % of RAM.
+KV_CACHE = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
 
 
 def conversations(copies: int) -> list[list[dict]]:
@@ -123,64 +131,94 @@ def _coverage(received: list[int], lengths: list[int]) -> dict:
 
 def cost(model: Path, work: Path, processes: int, passes: int, copies: int,
          concurrency: int, fraction: float) -> dict:
+    """Per process round: a server without and one with ``--record`` run side by side (the idle
+    one blocks on its queue), passes alternate between them (ABBA...), so drifts of the
+    machine's speed fall on both arms alike."""
     traffic = conversations(copies)
-    runs = []
+    gap = RecordSettings.window_wait_s + 1.5  # the last window of a pass ends before the next
+    runs, recorded = [], []
     for p in range(processes):
-        for record in (False, True):
-            extra = (["--record", str(work / f"recorded-{p}"), "--record-fraction",
-                      str(fraction), "--record-seed", str(p)] if record else [])
-            log = work / f"serve-{'record' if record else 'plain'}-{p}.log"
-            with Server(model, ["--speculative-config", json.dumps(SPEC), "--dtype", "float32",
-                                "--max-model-len", "1024", "--max-num-seqs", str(concurrency),
-                                "--served-model-name", "t", *extra], log_path=log) as server:
-                print(f"process {p + 1}/{processes}, record={record}", flush=True)
-                run_requests(server.base_url, "t", traffic[:concurrency], MAX_TOKENS,
+        print(f"process round {p + 1}/{processes}", flush=True)
+        with contextlib.ExitStack() as stack:
+            servers = {}
+            for record in (False, True):
+                extra = (["--record", str(work / f"recorded-{p}"), "--record-fraction",
+                          str(fraction), "--record-seed", str(p)] if record else [])
+                servers[record] = stack.enter_context(Server(
+                    model, ["--speculative-config", json.dumps(SPEC), "--dtype", "float32",
+                            "--max-model-len", "1024", "--max-num-seqs", str(concurrency),
+                            "--served-model-name", "t", *extra],
+                    log_path=work / f"serve-{'record' if record else 'plain'}-{p}.log",
+                    env=KV_CACHE))
+                run_requests(servers[record].base_url, "t", traffic[:concurrency], MAX_TOKENS,
                              concurrency)
-                for n in range(passes):
-                    meter = Meter()
-                    meter.watch(server.process.pid)
-                    with meter:
-                        requests, seconds = run_requests(server.base_url, "t", traffic,
-                                                         MAX_TOKENS, concurrency)
-                    tokens = sum(r["output_tokens"] for r in requests)
-                    runs.append({"process": p, "record": record, "pass": n,
-                                 "output_tok_s": tokens / seconds, "seconds": seconds,
-                                 "requests": len(requests), "interference": meter.result()})
-                    print(f"  pass {n + 1}: {tokens / seconds:.1f} tok/s", flush=True)
-                time.sleep(3)  # the last windows finish before the count
-            if record:
-                from vllm_mtp_plugin.tools.train.data import shard_summary
-
-                shards = work / f"recorded-{p}"
-                served = (passes * len(traffic) + concurrency)
-                summary = (shard_summary(shards) if list(shards.glob("shard-*.safetensors"))
-                           else {"shards": 0, "sequences": 0, "tokens": 0})
-                runs[-1]["recording"] = {"finished_requests": served,
-                                         "shards": summary["shards"],
-                                         "recorded_sequences": summary["sequences"],
-                                         "recorded_tokens": summary["tokens"]}
-    return {"runs": runs, "summary": _cost_summary(runs),
+            time.sleep(gap)
+            for n in range(passes):
+                for record in ((False, True) if n % 2 == 0 else (True, False)):
+                    runs.append(_pass(servers, record, traffic, concurrency, gap)
+                                | {"process": p, "pass": n})
+                    print(f"  pass {n + 1} record={record}: "
+                          f"{runs[-1]['output_tok_s']:.1f} tok/s", flush=True)
+            recorded.append(_recorded(servers[True].base_url, work / f"recorded-{p}"))
+    return {"runs": runs, "recording": recorded, "summary": _cost_summary(runs, recorded),
             "settings": {"processes": processes, "passes": passes, "requests": len(traffic),
                          "concurrency": concurrency, "max_tokens": MAX_TOKENS,
-                         "record_fraction": fraction}}
+                         "record_fraction": fraction, "gap_s": gap}}
 
 
-def _cost_summary(runs: list[dict]) -> dict:
-    """Per process, the median pass; the ratio of medians with record on/off, and its spread
-    over the process pairs (process p with recording against process p without)."""
-    def median_of(p, record):
-        return statistics.median(r["output_tok_s"] for r in runs
-                                 if r["process"] == p and r["record"] == record)
-    processes = sorted({r["process"] for r in runs})
-    plain = [median_of(p, False) for p in processes]
-    record = [median_of(p, True) for p in processes]
-    ratios = [r / b for r, b in zip(record, plain)]
-    recorded = [r["recording"] for r in runs if "recording" in r]
-    return {"plain_tok_s": plain, "record_tok_s": record,
-            "ratio_median": statistics.median(record) / statistics.median(plain),
-            "ratio_per_process_pair": ratios,
+def _pass(servers: dict, record: bool, traffic, concurrency: int, gap: float) -> dict:
+    """One pass on one server. A recording window still running when the last request ends
+    (or starting after it, for requests sampled at the end) is charged to the pass: its
+    seconds from ``/metrics`` (``record_window_seconds``) are added to the pass's time."""
+    server = servers[record]
+    meter = Meter()
+    for s in servers.values():  # the idle server is part of the setup, not a disturbance
+        meter.watch(s.process.pid)
+    with meter:
+        requests, seconds = run_requests(server.base_url, "t", traffic, MAX_TOKENS, concurrency)
+        ended = record_metrics.read(server.base_url).get("window_seconds", 0.0)
+    time.sleep(gap)
+    after = record_metrics.read(server.base_url).get("window_seconds", 0.0)
+    tokens = sum(r["output_tokens"] for r in requests)
+    charged = seconds + (after - ended)
+    return {"record": record, "output_tok_s": tokens / charged, "seconds": seconds,
+            "window_seconds_after_end": after - ended, "requests": len(requests),
+            "output_tokens": tokens, "interference": meter.result()}
+
+
+def _recorded(base_url: str, shards: Path) -> dict:
+    from vllm_mtp_plugin.tools.train.data import shard_summary
+
+    figures = record_metrics.read(base_url)
+    summary = (shard_summary(shards) if list(shards.glob("shard-*.safetensors"))
+               else {"shards": 0, "sequences": 0, "tokens": 0})
+    return {"metrics": figures, "shards": summary["shards"],
+            "recorded_sequences": summary["sequences"], "recorded_tokens": summary["tokens"]}
+
+
+def _cost_summary(runs: list[dict], recorded: list[dict]) -> dict:
+    """Each recording pass against the plain pass next to it (same pass number): the median
+    ratio per process round, their median and spread, and the quartiles of all pair ratios."""
+    pairs = {}
+    for r in runs:
+        pairs.setdefault((r["process"], r["pass"]), {})[r["record"]] = r["output_tok_s"]
+    ratios = {key: pair[True] / pair[False] for key, pair in sorted(pairs.items())
+              if len(pair) == 2}
+    processes = sorted({p for p, _ in ratios})
+    per_process = [statistics.median(v for (p, _), v in ratios.items() if p == q)
+                   for q in processes]
+    quartiles = statistics.quantiles(ratios.values(), n=4) if len(ratios) > 1 else []
+    return {"ratio_median": statistics.median(per_process),
+            "ratio_per_process": per_process,
+            "pair_ratio_quartiles": quartiles, "pairs": len(ratios),
+            "plain_tok_s_median": statistics.median(r["output_tok_s"] for r in runs
+                                                    if not r["record"]),
+            "record_tok_s_median": statistics.median(r["output_tok_s"] for r in runs
+                                                     if r["record"]),
+            "window_seconds": sum(r["metrics"].get("window_seconds", 0.0) for r in recorded),
             "recorded_sequences": sum(r["recorded_sequences"] for r in recorded),
-            "finished_requests": sum(r["finished_requests"] for r in recorded),
+            "finished_requests": sum(r["metrics"].get("finished_requests", 0.0)
+                                     for r in recorded),
             "disturbed_passes": sum(disturbed(r["interference"]) for r in runs)}
 
 

@@ -120,6 +120,29 @@ def test_every_finished_request_is_recorded_whole(served):
     assert "vllm-mtp record: shard-" in log and "failed" not in log.split("vllm-mtp record")[-1]
 
 
+def test_metrics_count_what_was_recorded(served):
+    """``/metrics`` carries the recorder's figures: every completion the client got was finished,
+    sampled (F = 1) and recorded, with its tokens; the windows took time; the directory's size
+    is that of its shards."""
+    from vllm_mtp_plugin.tools.live import record_metrics
+
+    sent = served["sent"]
+    deadline = time.monotonic() + 30  # the last window counts just after its shard appears
+    while True:
+        figures = record_metrics.read(served["server"].base_url)
+        if figures["recorded_requests"] >= len(sent) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert figures["finished_requests"] == figures["sampled_requests"] == len(sent), figures
+    assert figures["recorded_requests"] == len(sent), figures
+    assert figures["recorded_tokens"] == sum(len(p) + len(o) for p, o in sent), figures
+    assert figures["incomplete_requests"] == figures["skipped_requests"] == 0, figures
+    assert figures["failed_windows"] == 0 and figures["active"] == 1, figures
+    assert 0 < figures["window_seconds"] < 120, figures
+    sizes = sum(p.stat().st_size for p in served["dir"].glob("shard-*.safetensors"))
+    assert figures["directory_bytes"] == sizes, figures
+
+
 def test_shards_are_private(served):
     assert stat.S_IMODE(served["dir"].stat().st_mode) == 0o700
     for shard in served["dir"].glob("shard-*"):

@@ -69,11 +69,13 @@ def serve(argv: list[str]) -> int:
 
     recorder = plugin = None
     if live.record is not None:
+        from .live import record_metrics
         from .live.recorder import TrafficRecorder
         from .live.tap import install
 
         recorder = TrafficRecorder(live.record)
         install(recorder.offer)
+        record_metrics.register(recorder)
     if live.reload is not None:
         from .live import endpoints
 

@@ -116,11 +116,16 @@ def counters_from_llm_metrics(metrics) -> SpecDecodeCounters:
     )
 
 
-def scrape(base_url: str, timeout: float = 10.0) -> SpecDecodeCounters:
-    """Read ``/metrics`` of a server (``base_url`` with or without ``/v1``)."""
+def page(base_url: str, timeout: float = 10.0) -> str:
+    """The ``/metrics`` text of a server (``base_url`` with or without ``/v1``)."""
     root = base_url.rstrip("/").removesuffix("/v1")
     with urllib.request.urlopen(f"{root}/metrics", timeout=timeout) as response:
-        return counters_from_prometheus(response.read().decode())
+        return response.read().decode()
+
+
+def scrape(base_url: str, timeout: float = 10.0) -> SpecDecodeCounters:
+    """Read the spec-decode counters of a server's ``/metrics``."""
+    return counters_from_prometheus(page(base_url, timeout))
 
 
 def format_table(counters: SpecDecodeCounters) -> str:

@@ -65,6 +65,7 @@ class TrafficRecorder:
         self.task: asyncio.Task | None = None
         self.stopped: str | None = None
         self.windows = 0
+        self.directory_bytes = directory_bytes(self.directory) if self.directory.is_dir() else 0
         removed = remove_leftovers(self.directory)
         if removed:
             _logger().info("vllm-mtp record: removed %d leftovers of stopped servers in %s",
@@ -144,16 +145,18 @@ class TrafficRecorder:
                                                             path)
         finally:
             shutil.rmtree(raw, ignore_errors=True)
+            self.stats["window_seconds"] += time.monotonic() - started
         self.stats["recorded"] += kept
         self.stats["incomplete"] += len(batch) - kept
         self.stats["tokens"] += tokens
         self.stats["shards_removed"] += len(removed)
+        self.directory_bytes = directory_bytes(self.directory)
         _logger().info(
             "vllm-mtp record: %s: %d of %d requests, %d tokens (%.2f s); %d of %d finished "
             "requests recorded so far; %s holds %.3f GB of %.3f%s", path.name if kept else
             "no shard", kept, len(batch), tokens, time.monotonic() - started,
             self.stats["recorded"], self.stats["finished"], self.directory,
-            directory_bytes(self.directory) / 1e9, self.settings.max_bytes / 1e9,
+            self.directory_bytes / 1e9, self.settings.max_bytes / 1e9,
             f" (removed the oldest: {', '.join(removed)})" if removed else "")
 
     async def _prefill(self, engine, token_ids: list[int]) -> int:
