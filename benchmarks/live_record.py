@@ -150,7 +150,9 @@ def cost(model: Path, work: Path, processes: int, passes: int, copies: int,
                             "--served-model-name", "t", *extra],
                     log_path=work / f"serve-{'record' if record else 'plain'}-{p}.log",
                     env=KV_CACHE))
-                run_requests(servers[record].base_url, "t", traffic[:concurrency], MAX_TOKENS,
+            pinned = _keep_off_the_workers_cores(servers.values())
+            for server in servers.values():
+                run_requests(server.base_url, "t", traffic[:concurrency], MAX_TOKENS,
                              concurrency)
             time.sleep(gap)
             for n in range(passes):
@@ -159,11 +161,41 @@ def cost(model: Path, work: Path, processes: int, passes: int, copies: int,
                                 | {"process": p, "pass": n})
                     print(f"  pass {n + 1} record={record}: "
                           f"{runs[-1]['output_tok_s']:.1f} tok/s", flush=True)
-            recorded.append(_recorded(servers[True].base_url, work / f"recorded-{p}"))
+            recorded.append(_recorded(servers[True].base_url, work / f"recorded-{p}")
+                            | {"pinned_to_cpus": pinned})
     return {"runs": runs, "recording": recorded, "summary": _cost_summary(runs, recorded),
             "settings": {"processes": processes, "passes": passes, "requests": len(traffic),
                          "concurrency": concurrency, "max_tokens": MAX_TOKENS,
                          "record_fraction": fraction, "gap_s": gap}}
+
+
+def _keep_off_the_workers_cores(servers) -> list[int] | None:
+    """Move this process and every server process but the model's worker onto the CPUs that
+    vLLM's CPU thread binding reserves for them (``reserved_cpus`` in the server log,
+    ``vllm/utils/ompmultiprocessing.py``). vLLM binds the worker's OpenMP threads but leaves the
+    rest free to run on the worker's core; on 2 cores that lottery alone moved a pass's speed
+    by a third. None where the log names no reserved CPUs (a GPU, an explicit binding)."""
+    import psutil
+    import regex as re
+
+    for server in servers:
+        log = server.log_path.read_text(errors="replace")
+        found = re.search(r"reserved_cpus=\[([0-9, ]+)\]", log)
+        if found:
+            break
+    else:
+        return None
+    cpus = sorted(int(c) for c in found[1].split(","))
+    trees = [psutil.Process(os.getpid())]
+    for server in servers:
+        root = psutil.Process(server.process.pid)
+        trees += [root, *root.children(recursive=True)]
+    for process in trees:
+        if "Worker" in process.name():
+            continue
+        for thread in process.threads():
+            os.sched_setaffinity(thread.id, cpus)
+    return cpus
 
 
 def _pass(servers: dict, record: bool, traffic, concurrency: int, gap: float) -> dict:

@@ -5,7 +5,6 @@
 """
 
 import json
-import os
 from importlib import resources
 from pathlib import Path
 
@@ -16,10 +15,10 @@ from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint as build_v4
 
 from support.checkpoint_edits import drop, edited_copy, noise
+from support.faults import fault_env
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
-HARNESS = str(Path(__file__).parent / "mrv2_harness")  # the suite's sitecustomize (faults)
 # The trained tiny DeepSeek's own prompts: code, prose and chats.
 TRAINED_PROMPTS = str(resources.files("vllm_mtp_plugin.tools").joinpath("data/trained_prompts.jsonl"))
 
@@ -100,10 +99,8 @@ def test_a_layer_that_does_not_fit_its_target(trained_model, tmp_path):
 def test_a_serving_fault_is_told_from_the_layer(trained_model, tmp_path, monkeypatch, fault, cause):
     """A fault past the layer (the head the drafter uses) and one inside it (its norms swapped at
     load), injected into every engine process (tests/support/faults.py)."""
-    monkeypatch.setenv("MTP_TEST_FAULT", fault)
-    path = os.environ.get("PYTHONPATH", "")
-    if HARNESS not in path.split(os.pathsep):
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (HARNESS, path) if p))
+    for name, value in fault_env(fault).items():
+        monkeypatch.setenv(name, value)
     report = _diagnose(trained_model, tmp_path)
     assert report["verdict"] == "serving-mismatch", report["reasons"]
     assert report["probe"]["interval"][1] < report["reference"]["agreement_interval"][0]

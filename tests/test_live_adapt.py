@@ -6,9 +6,6 @@ that layer drafts through a shifted head), so it is rolled back; the second is k
 fails, greedy outputs stay the target's own, and the served acceptance of the kept version is
 higher."""
 
-import os
-from pathlib import Path
-
 import json
 import threading
 import time
@@ -22,6 +19,7 @@ from vllm_mtp_plugin.tools.engine import metrics
 from vllm_mtp_plugin.tools.tiny import trained
 
 from support.checkpoint_edits import edited_copy, noise
+from support.faults import fault_env
 from support.target_greedy import mismatches
 
 pytestmark = pytest.mark.engine
@@ -29,7 +27,6 @@ pytestmark = pytest.mark.engine
 PROMPTS = [json.loads(line)["prompt"] for line in (trained.shipped_dir().parent /
                                                    "trained_prompts.jsonl").read_text().splitlines()]
 NOISE = 0.5
-HARNESS = str(Path(__file__).parent / "mrv2_harness")  # the suite's sitecustomize (faults)
 
 
 def _status(server) -> dict:
@@ -51,9 +48,8 @@ def adapted(tmp_path_factory):
                          "--adapt-every-tokens", "1500", "--adapt-heldout-tokens", "600",
                          "--adapt-steps", "60", "--adapt-window-drafts", "150"],
                 log_path=root / "serve.log",
-                env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "MTP_TEST_FAULT": "round-1-head",
-                     "PYTHONPATH": os.pathsep.join(
-                         p for p in (HARNESS, os.environ.get("PYTHONPATH", "")) if p)}) as server:
+                env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+                     **fault_env("round-1-head")}) as server:
         client = OpenAI(base_url=server.base_url, api_key="EMPTY", max_retries=0)
 
         def traffic():

@@ -15,9 +15,22 @@ back. Installed by the suite's
 the module is imported (an import hook: nothing is imported early).
 """
 
+import os
+from pathlib import Path
+
 from vllm_mtp_plugin.patches.import_hooks import after_import
 
 FAULTS = ("drafter-head", "drafter-norms", "round-1-head")
+HARNESS = str(Path(__file__).resolve().parents[1] / "mrv2_harness")  # the suite's sitecustomize
+
+
+def fault_env(name: str) -> dict[str, str]:
+    """The environment under which every process a test starts (and those vLLM spawns from it)
+    installs fault ``name``: its name, and the suite's ``sitecustomize`` first on PYTHONPATH."""
+    if name not in FAULTS:
+        raise ValueError(f"{name!r}: not one of {FAULTS}")
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != HARNESS]
+    return {"MTP_TEST_FAULT": name, "PYTHONPATH": os.pathsep.join([HARNESS, *rest])}
 
 
 def _shift_drafter_head(module) -> None:
