@@ -33,6 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+import regex as re
+
 from vllm_mtp_plugin.tools.engine.interference import Meter, disturbed
 from vllm_mtp_plugin.tools.engine.loadgen import run_requests
 from vllm_mtp_plugin.tools.engine.server import Server
@@ -137,7 +140,9 @@ def cost(model: Path, work: Path, processes: int, passes: int, copies: int,
     traffic = conversations(copies)
     gap = RecordSettings.window_wait_s + 1.5  # the last window of a pass ends before the next
     runs, recorded = [], []
+    free = os.sched_getaffinity(0)
     for p in range(processes):
+        _set_affinity([psutil.Process(os.getpid())], free)  # the next servers see every CPU
         print(f"process round {p + 1}/{processes}", flush=True)
         with contextlib.ExitStack() as stack:
             servers = {}
@@ -175,9 +180,6 @@ def _keep_off_the_workers_cores(servers) -> list[int] | None:
     ``vllm/utils/ompmultiprocessing.py``). vLLM binds the worker's OpenMP threads but leaves the
     rest free to run on the worker's core; on 2 cores that lottery alone moved a pass's speed
     by a third. None where the log names no reserved CPUs (a GPU, an explicit binding)."""
-    import psutil
-    import regex as re
-
     for server in servers:
         log = server.log_path.read_text(errors="replace")
         found = re.search(r"reserved_cpus=\[([0-9, ]+)\]", log)
@@ -190,12 +192,15 @@ def _keep_off_the_workers_cores(servers) -> list[int] | None:
     for server in servers:
         root = psutil.Process(server.process.pid)
         trees += [root, *root.children(recursive=True)]
-    for process in trees:
-        if "Worker" in process.name():
-            continue
+    _set_affinity([p for p in trees if "Worker" not in p.name()], cpus)
+    return cpus
+
+
+def _set_affinity(processes, cpus) -> None:
+    """Every thread of each process (Linux sets affinity per thread; new ones inherit it)."""
+    for process in processes:
         for thread in process.threads():
             os.sched_setaffinity(thread.id, cpus)
-    return cpus
 
 
 def _pass(servers: dict, record: bool, traffic, concurrency: int, gap: float) -> dict:
