@@ -298,3 +298,32 @@ def test_adapt_decides_by_intervals_not_by_point_estimates():
     assert served_worse({accepted: 300, drafts: 1000}, {accepted: 700, drafts: 1000})
     assert not served_worse({accepted: 680, drafts: 1000}, {accepted: 700, drafts: 1000})
     assert not served_worse({accepted: 3, drafts: 10}, {accepted: 7, drafts: 10})  # too few
+
+
+def test_recording_figures_reach_prometheus(tmp_path):
+    """The collector reads the recorder's counters at scrape time, ``_total`` counters and
+    gauges under ``vllm_mtp:record_``, in a registry of its own here."""
+    from collections import Counter
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from vllm_mtp_plugin.tools.engine.metrics import parse_prometheus
+    from vllm_mtp_plugin.tools.live.record_metrics import RecordCollector
+
+    recorder = SimpleNamespace(stats=Counter(finished=7, sampled=2, recorded=1, tokens=90,
+                                             window_seconds=0.25),
+                               directory_bytes=4096, stopped=None)
+    registry = CollectorRegistry()
+    registry.register(RecordCollector(recorder))
+    page = parse_prometheus(generate_latest(registry).decode())
+    assert page[("vllm_mtp:record_finished_requests_total", ())] == 7
+    assert page[("vllm_mtp:record_recorded_tokens_total", ())] == 90
+    assert page[("vllm_mtp:record_window_seconds_total", ())] == 0.25
+    assert page[("vllm_mtp:record_skipped_requests_total", ())] == 0
+    assert page[("vllm_mtp:record_directory_bytes", ())] == 4096
+    assert page[("vllm_mtp:record_active", ())] == 1
+    recorder.stats["finished"] += 1
+    recorder.stopped = "3 windows failed in a row"
+    page = parse_prometheus(generate_latest(registry).decode())
+    assert page[("vllm_mtp:record_finished_requests_total", ())] == 8
+    assert page[("vllm_mtp:record_active", ())] == 0

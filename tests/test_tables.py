@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mtp_plugin.tools.bench.stats import comparison, distinct_drafts, separated, wilson
+from vllm_mtp_plugin.tools.bench.stats import (comparison, distinct_drafts, median_interval,
+                                              separated, wilson)
 from vllm_mtp_plugin.tools.provenance import host_paths, local_path, portable, run_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,3 +157,10 @@ def test_replayed_passes_count_once():
     row = {"processes": 2, "repeats": 2,
            "spec_decode": {"num_drafts": 400.0, "accepted_per_position": [300.0, 100.0]}}
     assert distinct_drafts(row) == (100.0, [75.0, 25.0])
+
+
+def test_median_interval_is_the_sign_tests_order_statistics():
+    # n = 60: ranks 22 and 39 (1-based); a slowed pass moves neither end.
+    assert median_interval(range(1, 61)) == (22, 39)
+    assert median_interval([*range(1, 60), 10_000]) == (22, 39)
+    assert median_interval(range(6)) == (0, 5) and median_interval(range(5)) is None

@@ -17,6 +17,8 @@ VIEWS: dict[str, View] = {
     "doctor-trained": View(doctor.trained_report, (doctor.TRAINED,)),
     "live-record-cost": View(live.record_cost, (live.COST,)),
     "live-record-cost-ratio": View(live.record_cost_ratio, (live.COST,)),
+    "live-record-cost-interval": View(live.record_cost_interval, (live.COST,)),
+    "live-record-window-share": View(live.record_window_share, (live.COST,)),
     "live-record-choice": View(live.record_choice, (live.CHOICE,)),
     "live-adapt-events": View(live.adapt_events, (live.ADAPT,)),
     "live-adapt-summary": View(live.adapt_summary, (live.ADAPT,)),

@@ -3,6 +3,10 @@ recording costs a server, and what each way of recording would keep."""
 
 from __future__ import annotations
 
+import statistics
+
+from vllm_mtp_plugin.tools.bench.stats import median_interval
+
 from .common import load, source_line, table
 
 COST = "benchmarks/results/live/cost.json"
@@ -12,26 +16,69 @@ MODES = {"0": "NONE", "1": "STOCK_TORCH_COMPILE", "2": "DYNAMO_TRACE_ONCE", "3":
 
 
 def record_cost() -> str:
-    """Per pair of server processes (one with ``--record``, one without, same traffic): median
-    output tokens/s of the passes, and their ratio; then the ratio of the medians with its
-    spread, and how much was recorded."""
+    """Per round of server processes (one with ``--record``, one without, both running, passes
+    alternating): median output tokens/s of each arm and of the pass-pair ratios; then the
+    median over rounds with the quartiles of all pairs, and how much was recorded."""
     data = load(COST)
-    summary, settings = data["summary"], data["settings"]
-    rows = [[str(p + 1), f"{plain:.1f}", f"{record:.1f}", f"{ratio:.3f}"]
-            for p, (plain, record, ratio) in enumerate(zip(
-                summary["plain_tok_s"], summary["record_tok_s"],
-                summary["ratio_per_process_pair"]))]
-    ratios = summary["ratio_per_process_pair"]
+    summary, settings, runs = data["summary"], data["settings"], data["runs"]
+    rows = []
+    for p, ratio in enumerate(summary["ratio_per_process"]):
+        mine = [r for r in runs if r["process"] == p]
+        tok_s = {arm: statistics.median(r["output_tok_s"] for r in mine if r["record"] == arm)
+                 for arm in (False, True)}
+        pairs = {}
+        for r in mine:
+            pairs.setdefault(r["pass"], {})[r["record"]] = r["output_tok_s"]
+        spread = [pair[True] / pair[False] for pair in pairs.values() if len(pair) == 2]
+        rows.append([str(p + 1), str(len(spread)), f"{tok_s[False]:.1f}", f"{tok_s[True]:.1f}",
+                     f"{ratio:.3f}", f"{min(spread):.3f}–{max(spread):.3f}"])
+    low, _, high = summary["pair_ratio_quartiles"]
+    every = _pair_ratios(runs)
+    interval = median_interval(every)
+    pinned = {", ".join(map(str, r["pinned_to_cpus"])) if r.get("pinned_to_cpus")
+              else "not pinned (no reserved CPU in the server log)" for r in data["recording"]}
+    record_s = _recording_served_seconds(runs)
     return "\n".join([
-        table(["process pair", "without recording, tok/s", f"--record-fraction "
-               f"{settings['record_fraction']:g}, tok/s", "ratio"], rows), "",
+        table(["round", "pass pairs", "without recording, tok/s (median)",
+               f"--record-fraction {settings['record_fraction']:g}, tok/s (median)",
+               "ratio (median of pairs)", "pair ratios"], rows), "",
         f"With recording the server ran at {summary['ratio_median']:.3f}× of its speed without "
-        f"(ratio of the medians; {min(ratios):.3f}–{max(ratios):.3f} over the {len(ratios)} "
-        f"process pairs), {settings['requests']} chat requests of {settings['max_tokens']} "
-        f"tokens per pass at concurrency {settings['concurrency']}, {settings['passes']} passes "
-        f"per process; {summary['recorded_sequences']} of {summary['finished_requests']} "
-        f"finished requests recorded; {summary['disturbed_passes']} pass(es) with other work "
-        f"above 5 % of the CPUs. {source_line(COST)}"])
+        f"(median of the {len(rows)} rounds; all {summary['pairs']} pass pairs: median "
+        f"{statistics.median(every):.3f}, 95 % interval {interval[0]:.3f}–{interval[1]:.3f}, "
+        f"quartiles {low:.3f}–{high:.3f}), {settings['requests']} chat requests of "
+        f"{settings['max_tokens']} tokens per pass at concurrency {settings['concurrency']}; "
+        f"processes other than the model's worker on CPU(s) {'; '.join(sorted(pinned))}. "
+        f"Recording windows were open {summary['window_seconds']:.1f} s of the "
+        f"{record_s:.0f} s the recording server served "
+        f"({summary['window_seconds'] / record_s:.1%}; {summary['recorded_sequences']} of "
+        f"{summary['finished_requests']:.0f} finished requests recorded); "
+        f"{summary['disturbed_passes']} pass(es) with other work above 5 % of the CPUs. "
+        f"{source_line(COST)}"])
+
+
+def _pair_ratios(runs: list[dict]) -> list[float]:
+    """Each recording pass over the plain pass of the same round and pass number."""
+    pairs = {}
+    for r in runs:
+        pairs.setdefault((r["process"], r["pass"]), {})[r["record"]] = r["output_tok_s"]
+    return [pair[True] / pair[False] for pair in pairs.values() if len(pair) == 2]
+
+
+def record_cost_interval() -> str:
+    """The 95 % interval of the median pair ratio (order statistics), for the docs' prose."""
+    low, high = median_interval(_pair_ratios(load(COST)["runs"]))
+    return f"{low:.3f}–{high:.3f}"
+
+
+def record_window_share() -> str:
+    """Share of the recording server's serving time with a recording window open."""
+    data = load(COST)
+    return f"{data['summary']['window_seconds'] / _recording_served_seconds(data['runs']):.1%}"
+
+
+def _recording_served_seconds(runs: list[dict]) -> float:
+    """The recording server's passes, windows that outlasted them included."""
+    return sum(r["seconds"] + r["window_seconds_after_end"] for r in runs if r["record"])
 
 
 def record_cost_ratio() -> str:

@@ -8,6 +8,10 @@ claimed where they do not overlap.
 
 Engine processes and passes of one configuration replay the same requests (greedy, or seeded
 when sampling), so their counters repeat each other: the drafts that count are one pass's.
+
+Timings are ratios of paired passes; their median gets a distribution-free interval from order
+statistics (``median_interval``), as a pass that a busy machine slowed is an outlier, not a
+normal draw.
 """
 
 from __future__ import annotations
@@ -46,3 +50,16 @@ def distinct_drafts(row: dict) -> tuple[float, list[float]]:
     replays = max(1, int(row.get("processes") or 1)) * max(1, int(row.get("repeats") or 1))
     return ((counters.get("num_drafts") or 0) / replays,
             [a / replays for a in counters.get("accepted_per_position") or []])
+
+
+def median_interval(values, z: float = Z95) -> tuple[float, float] | None:
+    """95 % interval of the median from order statistics (the sign test's): the sorted values
+    at ranks floor((n - z sqrt n) / 2) and ceil(1 + (n + z sqrt n) / 2), 1-based. None below
+    6 values, where no pair of ranks covers 95 %."""
+    xs = sorted(values)
+    n = len(xs)
+    if n < 6:
+        return None
+    low = math.floor((n - z * math.sqrt(n)) / 2)
+    high = math.ceil(1 + (n + z * math.sqrt(n)) / 2)
+    return xs[max(low, 1) - 1], xs[min(high, n) - 1]
