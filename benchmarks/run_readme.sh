@@ -116,7 +116,7 @@ doctor_trained() {  # vllm-mtp doctor MODEL on the trained tiny DeepSeek, its ow
 
 live() {  # vllm-mtp serve --record: own passes vs re-prefill, and the cost of F = 0.1 (results/live)
     python benchmarks/live_record.py choice --out "$OUT/live"
-    python benchmarks/live_record.py cost --passes 7 --out "$OUT/live"
+    python benchmarks/live_record.py cost --passes 14 --out "$OUT/live"
 }
 
 live_adapt() {  # vllm-mtp serve --adapt on a target whose layer no longer fits (results/live/adapt.json)
