@@ -26,15 +26,12 @@ def record_cost() -> str:
         mine = [r for r in runs if r["process"] == p]
         tok_s = {arm: statistics.median(r["output_tok_s"] for r in mine if r["record"] == arm)
                  for arm in (False, True)}
-        pairs = {}
-        for r in mine:
-            pairs.setdefault(r["pass"], {})[r["record"]] = r["output_tok_s"]
-        spread = [pair[True] / pair[False] for pair in pairs.values() if len(pair) == 2]
+        spread = _pair_ratios(mine)
         rows.append([str(p + 1), str(len(spread)), f"{tok_s[False]:.1f}", f"{tok_s[True]:.1f}",
                      f"{ratio:.3f}", f"{min(spread):.3f}–{max(spread):.3f}"])
     low, _, high = summary["pair_ratio_quartiles"]
     every = _pair_ratios(runs)
-    interval = median_interval(every)
+    interval = median_interval(every) or (float("nan"), float("nan"))  # under 6 pairs: none
     pinned = {", ".join(map(str, r["pinned_to_cpus"])) if r.get("pinned_to_cpus")
               else "not pinned (no reserved CPU in the server log)" for r in data["recording"]}
     record_s = _recording_served_seconds(runs)
