@@ -9,10 +9,13 @@ prompts; ``choice`` adds a second turn to each (the first turn and its answer, t
 question), as chat clients send. Engines run as users run them: vLLM's default compilation,
 prefix caching and chunked prefill at vLLM's defaults, MTP k = 1, fp32.
 
-choice: one engine serves the traffic with the drafter's recording on for the whole time (what
+choice: per KV block size, one engine serves the traffic (a system prompt of a few hundred
+tokens) from an empty prefix cache with the drafter's recording on for the whole time (what
 recording in the engine's own forward passes would keep), then re-prefills the same sequences the
 way the recorder does (``skip_reading_prefix_cache``); for each, the share of sequences whose
-every position reached the drafter, and of positions.
+every position reached the drafter, and of positions. Prefix caching and chunked prefill must be
+on: where vLLM turns them off for MLA (CPUs without AMX) the target's attention runs unabsorbed
+(``VLLM_MLA_DISABLE=1``).
 cost: ``vllm-mtp serve`` with and without ``--record DIR --record-fraction 0.1``, both running,
 passes alternating between them (3 rounds of fresh server processes), the same streamed chats at
 concurrency 4 (``ignore_eos``); output tokens/s per pass (recording windows that outlast a pass
@@ -50,37 +53,90 @@ SYSTEM = ("You are a careful assistant for a software team. Answer in plain lang
           "short and correct, say when you are unsure, and never invent an API.")
 SPEC = {"method": "mtp", "num_speculative_tokens": 1}
 MAX_TOKENS = 64
+# ``choice``: a system prompt of the length deployed assistants send (a few hundred tokens), so
+# that it fills whole KV blocks that later requests read from the prefix cache.
+LONG_SYSTEM = " ".join([
+    SYSTEM,
+    "You work inside the team's code review tool. Every message you receive comes from an "
+    "engineer who is in the middle of a change and wants an answer they can act on at once.",
+    "When the question is about code, answer with the smallest change that solves it, in the "
+    "language the question uses, and explain in one or two sentences why it works.",
+    "When the question is about prose, keep the writer's voice, fix what is wrong, and do not "
+    "add claims the writer did not make.",
+    "If a request is ambiguous, state the reading you chose in one sentence and answer that "
+    "reading; do not ask a question back unless no reading makes sense.",
+    "Never print secrets, tokens or passwords, even when they appear in the material you are "
+    "given; refer to them by name instead.",
+    "Prefer the standard library to third-party packages, name the version of any tool whose "
+    "behaviour changed between versions, and mark code you have not run as untested.",
+    "Format answers in Markdown: short paragraphs, code in fenced blocks with the language "
+    "named, lists only for steps that must happen in order.",
+    "If the engineer's approach is unsafe or will not work, say so first, then give the "
+    "alternative, and keep the tone of a colleague rather than of a teacher."])
 # Two servers share the machine in ``cost``: a CPU KV cache of 2 GiB each, not vLLM's 92 % of RAM.
 KV_CACHE = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
 
 
-def conversations(copies: int) -> list[list[dict]]:
+def conversations(copies: int, system: str = SYSTEM) -> list[list[dict]]:
     """First turns: the shared system prompt, then each trained prompt as the user's message."""
     texts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()]
-    return [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": t}]
+    return [[{"role": "system", "content": system}, {"role": "user", "content": t}]
             for _ in range(copies) for t in texts]
 
 
-def choice(model: Path, work: Path) -> dict:
+def choice(model: Path, work: Path, block_sizes: list[int], attention: str) -> dict:
+    """One engine per KV block size (prefix caching hits whole blocks only)."""
+    unabsorbed = attention == "unabsorbed" or (attention == "auto" and _mla_turns_caching_off())
+    if unabsorbed:
+        os.environ["VLLM_MLA_DISABLE"] = "1"
+    engines = {}
+    for block_size in block_sizes:
+        print(f"block size {block_size}", flush=True)
+        engines[str(block_size)] = _choice_engine(model, work / f"block-{block_size}", block_size)
+    return {"attention": "unabsorbed (VLLM_MLA_DISABLE=1)" if unabsorbed else "MLA",
+            "engines": engines}
+
+
+def _mla_turns_caching_off() -> bool:
+    """vLLM's CPU platform turns prefix caching and chunked prefill off for MLA unless the CPU
+    has AMX tiles (``platforms/cpu.py``, ``check_and_update_config``)."""
+    import torch
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu() and not torch.cpu._is_amx_tile_supported()
+
+
+def _choice_engine(model: Path, work: Path, block_size: int) -> dict:
+    """Both turns served from an empty prefix cache, recording every drafter call (what recording
+    in the engine's own passes could keep), then the same sequences re-prefilled the recorder's
+    way. Own passes are counted twice: per request, the positions its own steps computed
+    (vLLM's ``num_cached_tokens`` tells how many prompt tokens came from the cache instead), and
+    stitched: any recorded row with the same tokens up to that position, from whichever
+    request computed it while recording was on."""
+    import gc
+
     from safetensors.torch import load_file
     from vllm import LLM, SamplingParams
 
     from vllm_mtp_plugin.tools.live.options import WORKER_EXTENSION
     from vllm_mtp_plugin.tools.train.data import positions_received
 
-    llm = LLM(str(model), speculative_config=SPEC, dtype="float32", max_model_len=1024,
-              worker_extension_cls=WORKER_EXTENSION, seed=0)
+    llm = LLM(str(model), speculative_config=SPEC, dtype="float32", max_model_len=2048,
+              block_size=block_size, worker_extension_cls=WORKER_EXTENSION, seed=0)
     config = llm.llm_engine.vllm_config
     engine = {"prefix_caching": config.cache_config.enable_prefix_caching,
               "chunked_prefill": config.scheduler_config.enable_chunked_prefill,
               "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+              "block_size": config.cache_config.block_size,
+              "use_mla": config.model_config.use_mla,
               "compilation_mode": getattr(config.compilation_config.mode, "name",
                                           str(config.compilation_config.mode))}
     greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    llm.chat(conversations(1)[:2], greedy, use_tqdm=False)  # warm-up, not recorded
-    first = conversations(1)
+    first = conversations(1, LONG_SYSTEM)
+    llm.chat(conversations(1, "Be brief.")[:2], greedy, use_tqdm=False)  # warm-up
 
     def serve_both_turns():
+        llm.reset_prefix_cache()
         started = time.monotonic()
         turn1 = llm.chat(first, greedy, use_tqdm=False)
         second = [c + [{"role": "assistant", "content": o.outputs[0].text},
@@ -101,11 +157,15 @@ def choice(model: Path, work: Path) -> dict:
                                               "own_passes_recorded": serving_s}, "turns": {}}
     for turn, seqs in sequences.items():
         # Own passes can give positions 0 .. L-2 (the last token is never fed back).
-        got = positions_received(calls, [s[1:] for s in seqs])
-        result["turns"][turn] = {"sequences": len(seqs),
-                                 "own_passes": _coverage(got, [len(s) - 1 for s in seqs]),
-                                 "prompt_tokens": sum(len(o.prompt_token_ids)
-                                                      for o in outputs[turn])}
+        lengths = [len(s) - 1 for s in seqs]
+        cached = [o.num_cached_tokens or 0 for o in outputs[turn]]
+        result["turns"][turn] = {
+            "sequences": len(seqs),
+            "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs[turn]),
+            "prompt_tokens_from_cache": sum(cached),
+            "own_passes": _coverage([n - c for n, c in zip(lengths, cached)], lengths),
+            "own_passes_stitched": _coverage(positions_received(calls, [s[1:] for s in seqs]),
+                                             lengths)}
     everything = [s for seqs in sequences.values() for s in seqs]
     again = work / "reprefill"
     prefill = SamplingParams(max_tokens=1, temperature=0.0, skip_reading_prefix_cache=True)
@@ -122,8 +182,21 @@ def choice(model: Path, work: Path) -> dict:
         n = len(seqs)
         result["turns"][turn]["reprefill"] = _coverage(got[offset:offset + n],
                                                        [len(s) for s in seqs])
+        result["turns"][turn]["reprefill_prompt_tokens_from_cache"] = sum(
+            d.num_cached_tokens or 0 for d in done[offset:offset + n])
         offset += n
+    result["system_prompt_tokens"] = _shared_prefix(sequences["turn 1"])
+    del llm
+    gc.collect()
     return result
+
+
+def _shared_prefix(sequences: list[list[int]]) -> int:
+    """Tokens every sequence starts with (the chat template and the system prompt)."""
+    n = 0
+    while all(len(s) > n and s[n] == sequences[0][n] for s in sequences):
+        n += 1
+    return n
 
 
 def _coverage(received: list[int], lengths: list[int]) -> dict:
@@ -267,6 +340,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--copies", type=int, default=8, help="cost: the prompts x this per pass")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--fraction", type=float, default=0.1)
+    p.add_argument("--block-sizes", default="32,128",
+                   help="choice: one engine per KV block size. GPUs' MLA kernels take 16 "
+                        "(FlashAttention MLA, first on Hopper) to 128 (CUTLASS MLA); this CPU's "
+                        "attention backend takes multiples of 32 (128 is its default)")
+    p.add_argument("--attention", choices=("auto", "mla", "unabsorbed"), default="auto",
+                   help="choice: auto = unabsorbed (VLLM_MLA_DISABLE=1) where vLLM turns prefix "
+                        "caching off for MLA (CPUs without AMX)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     run = environment()
@@ -274,7 +354,8 @@ def main(argv: list[str]) -> int:
     try:
         model = trained.write_checkpoint(work / "trained", 1)
         if args.part == "choice":
-            result = choice(model, work)
+            result = choice(model, work, [int(b) for b in args.block_sizes.split(",")],
+                            args.attention)
         else:
             result = cost(model, work, args.processes, args.passes, args.copies,
                           args.concurrency, args.fraction)
@@ -283,7 +364,7 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.part}.json"
     path.write_text(json.dumps(portable({"environment": run, **result}), indent=1))
-    print(json.dumps(portable(result.get("summary") or result.get("turns")), indent=1))
+    print(json.dumps(portable(result.get("summary") or result.get("engines")), indent=1))
     print(f"results: {path}")
     return 0
 

@@ -83,26 +83,39 @@ def record_cost_ratio() -> str:
 
 
 def record_choice() -> str:
-    """Per turn of the chat traffic: how many positions each way of recording got."""
+    """Per KV block size and turn of the chat traffic: how many positions each way of recording
+    got, and how much of the prompts vLLM read from its prefix cache."""
     data = load(CHOICE)
-    rows = []
-    for turn, row in data["turns"].items():
-        own, again = row["own_passes"], row["reprefill"]
-        rows.append([turn, str(row["sequences"]), str(own["positions"]),
-                     f"{own['share_of_positions']:.3f} ({own['complete_sequences']})",
-                     f"{again['share_of_positions']:.3f} ({again['complete_sequences']})"])
-    engine, seconds = data["engine"], data["serving_s"]
-    turns = data["turns"].values()
+    rows, notes = [], []
+    for block_size, run in data["engines"].items():
+        for turn, row in run["turns"].items():
+            share = {way: f"{row[way]['share_of_positions']:.3f} "
+                          f"({row[way]['complete_sequences']})"
+                     for way in ("own_passes", "own_passes_stitched", "reprefill")}
+            rows.append([block_size, turn, str(row["sequences"]), str(row["own_passes"]["positions"]),
+                         f"{row['prompt_tokens_from_cache']} of {row['prompt_tokens']}",
+                         share["own_passes"], share["own_passes_stitched"],
+                         f"{share['reprefill']}, {row['reprefill_prompt_tokens_from_cache']} "
+                         f"read from the cache"])
+        seconds = run["serving_s"]
+        notes.append(f"{block_size}-token blocks: both turns served in "
+                     f"{seconds['without_recording']:.2f} s without recording, "
+                     f"{seconds['own_passes_recorded']:.2f} s recording every drafter call; "
+                     f"re-prefilling all {sum(r['sequences'] for r in run['turns'].values())} "
+                     f"sequences {run['reprefill_s']:.2f} s")
+    engine = next(iter(data["engines"].values()))["engine"]
+    system = next(iter(data["engines"].values()))["system_prompt_tokens"]
     return "\n".join([
-        table(["traffic", "sequences", "positions", "own passes: share received (complete "
-               "sequences)", "re-prefill: share received (complete sequences)"], rows), "",
+        table(["KV block", "traffic", "sequences", "positions", "prompt tokens from the cache",
+               "own passes, per request: share (complete sequences)",
+               "own passes, stitched from every recorded pass: share (complete)",
+               "re-prefill: share (complete)"], rows), "",
         f"Engine: prefix caching {'on' if engine['prefix_caching'] else 'off'}, chunked prefill "
-        f"{'on' if engine['chunked_prefill'] else 'off'} (as vLLM set them on this machine), "
-        f"compilation {MODES.get(engine['compilation_mode'], engine['compilation_mode'])} (vLLM's "
-        f"default here). Serving both turns took {seconds['without_recording']:.2f} s "
-        f"without recording and {seconds['own_passes_recorded']:.2f} s recording every drafter "
-        f"call; re-prefilling all {sum(r['sequences'] for r in turns)} sequences took "
-        f"{data['reprefill_s']:.2f} s. {source_line(CHOICE)}"])
+        f"{'on' if engine['chunked_prefill'] else 'off'} ({engine['max_num_batched_tokens']} "
+        f"tokens per step), attention {data['attention']}, compilation "
+        f"{MODES.get(engine['compilation_mode'], engine['compilation_mode'])} (vLLM's default "
+        f"here); the conversations share a chat template and system prompt of {system} tokens. "
+        f"{'; '.join(notes)}. {source_line(CHOICE)}"])
 
 
 ADAPT = "benchmarks/results/live/adapt.json"
