@@ -41,6 +41,10 @@ PREAMBLE = ("Read the request below, then answer it directly and briefly, the wa
             "keep any code short and correct, name the assumptions you make, and do not repeat "
             "the question back.\n\n")
 PROMPTS = [PREAMBLE + r["prompt"] for r in RECORDS if "prompt" in r][::2][:4]  # code and prose
+SEEDED = PREAMBLE + (
+    "A service writes one log line per request and the disk fills up every few days. Explain "
+    "how to rotate the logs with the tools a Linux server already has, how many days of logs to "
+    "keep, how to compress the old ones, and how to check that the rotation really ran.")
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +65,10 @@ def served(model, tmp_path_factory):
                 log_path=root / "serve.log",
                 env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_MLA_DISABLE": "1"}) as server:
         client = OpenAI(base_url=server.base_url, api_key="EMPTY")
-        sent, acceptance = _traffic(client, server.base_url)
+        sent, acceptance, seeded = _traffic(client, server.base_url)
         store = _wait_for_shards(root / "recorded", len(sent))
         yield {"server": server, "dir": root / "recorded", "sent": sent, "store": store,
+               "seeded": seeded,
                "acceptance": acceptance, "log": root / "serve.log", "model": model}
 
 
@@ -75,10 +80,11 @@ def _completion(client, prompt, temperature=0.0, **kwargs):
              list(c.token_ids)) for c in done.choices]
 
 
-def _traffic(client, base_url) -> tuple[list[tuple[list[int], list[int]]], dict]:
+def _traffic(client, base_url) -> tuple[list[tuple[list[int], list[int]]], dict, list]:
     """Greedy completions, two rounds (the second while the first round's recording windows
-    run; its prompts are prefix-cached), a streamed chat and two sampled completions of one.
-    Returns what was sent and got, and the served acceptance of the greedy rounds."""
+    run; its prompts are prefix-cached), a streamed chat, two sampled completions of one, and a
+    seeded completion twice. Returns what was sent and got, the served acceptance of the greedy
+    rounds, and the two seeded completions."""
     sent = []
     before = metrics.scrape(base_url)
     for _ in range(2):
@@ -102,10 +108,12 @@ def _traffic(client, base_url) -> tuple[list[tuple[list[int], list[int]]], dict]
         for choice in chunk.choices:
             output_ids += list(getattr(choice, "token_ids", None) or [])
     sent.append((prompt_ids, output_ids))
-    # Short enough for one step: vLLM 0.32 on CPU kills the engine when a seeded request's
-    # prefill is chunked (``_bookkeeping_sync``: "CPU Generator does not use offset").
-    sent += _completion(client, PROMPTS[0].removeprefix(PREAMBLE), n=2, temperature=1.0, seed=7)
-    return sent, acceptance
+    sent += _completion(client, PROMPTS[0], n=2, temperature=1.0, seed=7)
+    # A seeded prompt prefilled in chunks (all but the preamble uncached: over two steps' budget),
+    # then the same again, read from the prefix cache and prefilled in one step.
+    seeded = [_completion(client, SEEDED, temperature=1.0, seed=11) for _ in range(2)]
+    sent += [pair for result in seeded for pair in result]
+    return sent, acceptance, seeded
 
 
 def _wait_for_shards(directory, expected: int, timeout: float = 120.0) -> SequenceStore:
@@ -145,6 +153,17 @@ def test_prompts_came_from_the_prefix_cache_and_in_chunks(served):
     assert hits and sum(hits) >= 2 * 32 * len(PROMPTS), hits
     rounds = served["sent"][:2 * len(PROMPTS)]
     assert min(len(p) + len(o) for p, o in rounds) > 64
+
+
+def test_seeded_prompt_prefilled_in_chunks_samples_as_in_one_step(served):
+    """A seeded request whose prompt takes several steps (vLLM throws away the token sampled on
+    each partial one) gives the tokens the same request gives when its prompt is one step from
+    the prefix cache: the thrown-away draws left its generator alone
+    (``patches/cpu_seeded_prefill.py``; vLLM 0.32 alone kills the engine on the first)."""
+    (cold,), (warm,) = served["seeded"]
+    assert len(cold[0]) - 2 * 32 > 64, len(cold[0])  # uncached past the preamble: over one step
+    assert cold[0] == warm[0] and len(cold[1]) == MAX_TOKENS
+    assert cold[1] == warm[1]
 
 
 def test_metrics_count_what_was_recorded(served):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from vllm_mtp_plugin import patches
-from vllm_mtp_plugin.patches import aot_cache, top_k_empty_batch, v4_tile_scheduler
+from vllm_mtp_plugin.patches import (aot_cache, cpu_seeded_prefill, top_k_empty_batch,
+                                     v4_tile_scheduler)
 
 SAMPLER = "vllm.v1.sample.ops.topk_topp_sampler"
 
@@ -33,6 +34,61 @@ def test_top_k_probe_leaves_the_sampler_unimported_where_triton_runs(monkeypatch
     monkeypatch.delitem(sys.modules, SAMPLER, raising=False)
     assert top_k_empty_batch._probe_top_k_on_empty_batch() == "Triton's top-k/top-p kernel runs here"
     assert SAMPLER not in sys.modules
+
+
+def _rewinding_bookkeeping(self):  # vLLM 0.32's rewind, as the patch looks for it (never run)
+    gen = None
+    gen.set_offset(gen.get_offset() - 4)
+
+
+def _plain_bookkeeping(self):
+    pass
+
+
+def _runner(bookkeeping):
+    """A stand-in for vLLM's CPU runner: one partial-prefill row with a generator, one without."""
+    import numpy as np
+
+    class Runner:
+        _bookkeeping_sync = bookkeeping
+
+        def __init__(self):
+            self.discard_request_mask = SimpleNamespace(np=np.array([True, False, True]))
+            self.input_batch = SimpleNamespace(num_reqs=2, generators={0: "g0", 1: "g1"})
+
+        def sample_tokens(self, fail=False):
+            seen = dict(self.input_batch.generators)
+            if fail:
+                raise RuntimeError("sampling failed")
+            return seen
+
+    return Runner
+
+
+def test_seeded_prefill_patch_withholds_only_thrown_away_rows_and_puts_them_back():
+    rewinding = _runner(_rewinding_bookkeeping)
+    cpu_seeded_prefill._install(SimpleNamespace(CPUModelRunner=rewinding))
+    runner = rewinding()
+    assert runner.sample_tokens() == {1: "g1"}  # row 0 is thrown away; row 2 is past num_reqs
+    assert runner.input_batch.generators == {0: "g0", 1: "g1"}
+    with pytest.raises(RuntimeError, match="sampling failed"):
+        runner.sample_tokens(fail=True)
+    assert runner.input_batch.generators == {0: "g0", 1: "g1"}
+    wrapped = rewinding.sample_tokens
+    cpu_seeded_prefill._install(SimpleNamespace(CPUModelRunner=rewinding))  # once only
+    assert rewinding.sample_tokens is wrapped
+
+    plain = _runner(_plain_bookkeeping)
+    kept = plain.sample_tokens
+    cpu_seeded_prefill._install(SimpleNamespace(CPUModelRunner=plain))
+    assert plain.sample_tokens is kept  # a vLLM that rewinds nothing is left alone
+
+
+def test_seeded_prefill_patch_warns_when_the_runner_moved(caplog):
+    with caplog.at_level(logging.WARNING, logger="vllm.vllm_mtp_plugin"):
+        cpu_seeded_prefill._install(SimpleNamespace())
+    assert ("seeded_chunked_prefill_on_cpu not applied: vllm.v1.worker.cpu_model_runner."
+            "CPUModelRunner._bookkeeping_sync not found" in caplog.text)
 
 
 def test_expert_names_are_read_by_projection_and_a_renamed_helper_is_refused(monkeypatch):

