@@ -111,8 +111,9 @@ def _choice_engine(model: Path, work: Path, block_size: int) -> dict:
     in the engine's own passes could keep), then the same sequences re-prefilled the recorder's
     way. Own passes are counted twice: per request, the positions its own steps computed
     (vLLM's ``num_cached_tokens`` tells how many prompt tokens came from the cache instead), and
-    stitched: any recorded row with the same tokens up to that position, from whichever
-    request computed it while recording was on."""
+    stitched: recorded rows of any request at the same positions with the same tokens (matched
+    as ``tools/train/data.py`` assembles calls), from whichever request computed them while
+    recording was on."""
     import gc
 
     from safetensors.torch import load_file
@@ -136,7 +137,9 @@ def _choice_engine(model: Path, work: Path, block_size: int) -> dict:
     llm.chat(conversations(1, "Be brief.")[:2], greedy, use_tqdm=False)  # warm-up
 
     def serve_both_turns():
-        llm.reset_prefix_cache()
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset the prefix cache: the turns would not start "
+                               "from an empty cache")
         started = time.monotonic()
         turn1 = llm.chat(first, greedy, use_tqdm=False)
         second = [c + [{"role": "assistant", "content": o.outputs[0].text},

@@ -35,7 +35,8 @@ MAX_TOKENS = 24
 RECORDS = [json.loads(line) for line in resources.files("vllm_mtp_plugin.tools")
            .joinpath("data/trained_prompts.jsonl").read_text().splitlines()]
 # A shared preamble (81 tokens: two whole 32-token blocks) that later requests read from the
-# prefix cache, as a system prompt is.
+# prefix cache, as a system prompt is (less the last matched block, which vLLM computes again
+# for the drafter).
 PREAMBLE = ("Read the request below, then answer it directly and briefly, the way a careful "
             "engineer would answer a colleague who asked it in a hurry: say what to do first, "
             "keep any code short and correct, name the assumptions you make, and do not repeat "
@@ -84,7 +85,7 @@ def _traffic(client, base_url) -> tuple[list[tuple[list[int], list[int]]], dict,
     """Greedy completions, two rounds (the second while the first round's recording windows
     run; its prompts are prefix-cached), a streamed chat, two sampled completions of one, and a
     seeded completion twice. Returns what was sent and got, the served acceptance of the greedy
-    rounds, and the two seeded completions."""
+    rounds, and the seeded completions."""
     sent = []
     before = metrics.scrape(base_url)
     for _ in range(2):
@@ -109,9 +110,10 @@ def _traffic(client, base_url) -> tuple[list[tuple[list[int], list[int]]], dict,
             output_ids += list(getattr(choice, "token_ids", None) or [])
     sent.append((prompt_ids, output_ids))
     sent += _completion(client, PROMPTS[0], n=2, temperature=1.0, seed=7)
-    # A seeded prompt prefilled in chunks (all but the preamble uncached: over two steps' budget),
-    # then the same again, read from the prefix cache and prefilled in one step.
-    seeded = [_completion(client, SEEDED, temperature=1.0, seed=11) for _ in range(2)]
+    # A seeded prompt prefilled in chunks (all but the preamble uncached: over a step's budget),
+    # then the same again, read from the prefix cache and prefilled in one step, then with
+    # another seed.
+    seeded = [_completion(client, SEEDED, temperature=1.0, seed=seed) for seed in (11, 11, 12)]
     sent += [pair for result in seeded for pair in result]
     return sent, acceptance, seeded
 
@@ -160,10 +162,11 @@ def test_seeded_prompt_prefilled_in_chunks_samples_as_in_one_step(served):
     each partial one) gives the tokens the same request gives when its prompt is one step from
     the prefix cache: the thrown-away draws left its generator alone
     (``patches/cpu_seeded_prefill.py``; vLLM 0.32 alone kills the engine on the first)."""
-    (cold,), (warm,) = served["seeded"]
+    (cold,), (warm,), (other_seed,) = served["seeded"]
     assert len(cold[0]) - 2 * 32 > 64, len(cold[0])  # uncached past the preamble: over one step
     assert cold[0] == warm[0] and len(cold[1]) == MAX_TOKENS
     assert cold[1] == warm[1]
+    assert other_seed[1] != cold[1]  # the tokens depend on the draws: a seed changes them
 
 
 def test_metrics_count_what_was_recorded(served):

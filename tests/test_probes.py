@@ -84,11 +84,11 @@ def test_seeded_prefill_patch_withholds_only_thrown_away_rows_and_puts_them_back
     assert plain.sample_tokens is kept  # a vLLM that rewinds nothing is left alone
 
 
-def test_seeded_prefill_patch_warns_when_the_runner_moved(caplog):
-    with caplog.at_level(logging.WARNING, logger="vllm.vllm_mtp_plugin"):
-        cpu_seeded_prefill._install(SimpleNamespace())
-    assert ("seeded_chunked_prefill_on_cpu not applied: vllm.v1.worker.cpu_model_runner."
-            "CPUModelRunner._bookkeeping_sync not found" in caplog.text)
+def test_seeded_prefill_patch_warns_when_the_runner_moved(plugin_log):
+    cpu_seeded_prefill._install(SimpleNamespace())
+    assert [w.split(". ")[0] for w in warnings_in(plugin_log)] == [
+        "vllm-mtp-plugin: seeded_chunked_prefill_on_cpu not applied: vllm.v1.worker."
+        "cpu_model_runner.CPUModelRunner._bookkeeping_sync not found"]
 
 
 def test_expert_names_are_read_by_projection_and_a_renamed_helper_is_refused(monkeypatch):
