@@ -17,6 +17,7 @@ from openai import OpenAI
 from vllm_mtp_plugin.tools.engine import metrics
 from vllm_mtp_plugin.tools.engine.cpu_features import avx512_hidden
 from vllm_mtp_plugin.tools.engine.server import Server
+from vllm_mtp_plugin.tools.live import record_metrics
 from vllm_mtp_plugin.tools.live.reload_client import main as reload_main, request_reload
 from vllm_mtp_plugin.tools.tiny import trained
 
@@ -196,3 +197,36 @@ def test_reload_reaches_every_tensor_parallel_rank(layers):
     assert swapped_tokens == fresh_tokens
     assert swapped == fresh_counts
     assert swapped["acceptance_rate"] > before["acceptance_rate"] + 0.3
+
+
+def test_model_runner_v2_records_and_reloads(layers):
+    """Model Runner V2 (the test harness: Triton's interpreter), which keeps the drafter at
+    ``model_runner.speculator``: ``--record`` writes every request whole, the reload swaps the
+    noised layer for the trained one, acceptance rises, the outputs stay the target's own, and
+    the trained layer's own agreement on the recorded states is the acceptance it then serves
+    with (states of other rows or positions would agree at chance)."""
+    from vllm_mtp_plugin.tools.doctor.reference import evaluate
+    from vllm_mtp_plugin.tools.engine.mrv2 import harness_env
+    from vllm_mtp_plugin.tools.train.data import SequenceStore
+
+    root = layers["root"]
+    with _serve(layers["noised"], root / "v2-serve.log", "--enable-layer-reload",
+                str(root / "layers"), "--record", str(root / "v2-recorded"),
+                "--record-fraction", "1", env=harness_env({})) as server:
+        before_tokens, before = _greedy(server)
+        status, answer = request_reload(server.base_url, str(layers["good"]), None)
+        after_tokens, after = _greedy(server)
+        sent = before_tokens + after_tokens
+        deadline = time.monotonic() + 60
+        while record_metrics.read(server.base_url)["recorded_requests"] < len(sent):
+            assert time.monotonic() < deadline, record_metrics.read(server.base_url)
+            time.sleep(0.5)
+    assert "Using V2 Model Runner" in (root / "v2-serve.log").read_text()
+    assert status == 200 and "error" not in answer["workers"][0], answer
+    assert after["acceptance_rate"] > before["acceptance_rate"] + 0.3, (before, after)
+    assert before_tokens == after_tokens and mismatches(layers["good"], sent) == []
+    store = SequenceStore(root / "v2-recorded")
+    assert sorted((t[:-1].tolist(), p) for t, p in zip(store.tokens, store.prompt_lengths)) == \
+        sorted((prompt + output, len(prompt)) for prompt, output in sent)
+    own = evaluate(layers["good"], root / "v2-recorded", 1, "recursive", device="cpu")
+    assert abs(own["agreement"][0] - after["acceptance_rate"]) < 0.12, (own, after)

@@ -17,12 +17,14 @@ class LiveWorkerExtension(RecordingWorkerExtension):
         from .reload import ReloadRefused, reload_drafter
 
         runner = self.model_runner
-        drafter = getattr(getattr(runner, "drafter", None), "model", None)
+        # V1 keeps the drafter at ``runner.drafter``, Model Runner V2 at ``runner.speculator``.
+        owner = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+        drafter = getattr(owner, "model", None)
         if drafter is None:
             return {"error": "this engine has no MTP drafter to reload (serve with "
                              "--speculative-config '{\"method\": \"mtp\", ...}'), or its model "
                              f"runner ({type(runner).__name__}) keeps it elsewhere: layer reload "
-                             "supports vLLM's V1 model runner."}
+                             "supports vLLM's V1 model runner and Model Runner V2."}
         spec = self.vllm_config.speculative_config
         try:
             return reload_drafter(drafter, runner.model, path, spec.draft_model_config,
