@@ -27,6 +27,7 @@ from vllm_mtp_plugin.tools.engine.server import Server
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.train.data import SequenceStore
 
+from support.recorded import recorded_requests, sent_requests
 from support.target_greedy import mismatches
 
 pytestmark = pytest.mark.engine
@@ -133,9 +134,7 @@ def _wait_for_shards(directory, expected: int, timeout: float = 120.0) -> Sequen
 def test_every_finished_request_is_recorded_whole(served):
     store, sent = served["store"], served["sent"]
     assert all(prompt and output for prompt, output in sent), sent
-    recorded = sorted((t[:-1].tolist(), p) for t, p in zip(store.tokens, store.prompt_lengths))
-    expected = sorted((prompt + output, len(prompt)) for prompt, output in sent)
-    assert recorded == expected
+    assert recorded_requests(store) == sent_requests(sent)
     # One hidden state per position, of the target's width, none left at its empty value.
     for tokens, hidden in zip(store.tokens, store.hidden):
         assert hidden.shape == (len(tokens) - 1, store.hidden_size)

@@ -22,6 +22,7 @@ from vllm_mtp_plugin.tools.live.reload_client import main as reload_main, reques
 from vllm_mtp_plugin.tools.tiny import trained
 
 from support.checkpoint_edits import edited_copy, noise
+from support.recorded import recorded_requests, sent_requests
 from support.target_greedy import mismatches
 
 pytestmark = pytest.mark.engine
@@ -226,7 +227,6 @@ def test_model_runner_v2_records_and_reloads(layers):
     assert after["acceptance_rate"] > before["acceptance_rate"] + 0.3, (before, after)
     assert before_tokens == after_tokens and mismatches(layers["good"], sent) == []
     store = SequenceStore(root / "v2-recorded")
-    assert sorted((t[:-1].tolist(), p) for t, p in zip(store.tokens, store.prompt_lengths)) == \
-        sorted((prompt + output, len(prompt)) for prompt, output in sent)
+    assert recorded_requests(store) == sent_requests(sent)
     own = evaluate(layers["good"], root / "v2-recorded", 1, "recursive", device="cpu")
     assert abs(own["agreement"][0] - after["acceptance_rate"]) < 0.12, (own, after)

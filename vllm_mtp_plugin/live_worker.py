@@ -7,6 +7,14 @@ from __future__ import annotations
 from .recording import RecordingWorkerExtension
 
 
+def runner_drafter(runner):
+    """The draft model a vLLM model runner keeps, or None (no speculation, or a speculator
+    without a model): V1 at ``runner.drafter.model``, Model Runner V2 at
+    ``runner.speculator.model``."""
+    owner = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+    return getattr(owner, "model", None)
+
+
 class LiveWorkerExtension(RecordingWorkerExtension):
     """Methods vLLM adds to its worker class, called through ``collective_rpc``."""
 
@@ -17,9 +25,7 @@ class LiveWorkerExtension(RecordingWorkerExtension):
         from .reload import ReloadRefused, reload_drafter
 
         runner = self.model_runner
-        # V1 keeps the drafter at ``runner.drafter``, Model Runner V2 at ``runner.speculator``.
-        owner = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
-        drafter = getattr(owner, "model", None)
+        drafter = runner_drafter(runner)
         if drafter is None:
             return {"error": "this engine has no MTP drafter to reload (serve with "
                              "--speculative-config '{\"method\": \"mtp\", ...}'), or its model "

@@ -103,8 +103,8 @@ def record_choice() -> str:
                      f"{seconds['own_passes_recorded']:.2f} s recording every drafter call; "
                      f"re-prefilling all {sum(r['sequences'] for r in run['turns'].values())} "
                      f"sequences {run['reprefill_s']:.2f} s")
-    engine = next(iter(data["engines"].values()))["engine"]
-    system = next(iter(data["engines"].values()))["system_prompt_tokens"]
+    first = next(iter(data["engines"].values()))
+    engine, system = first["engine"], first["system_prompt_tokens"]
     return "\n".join([
         table(["KV block", "traffic", "sequences", "positions", "prompt tokens from the cache",
                "own passes, per request: share (complete sequences)",

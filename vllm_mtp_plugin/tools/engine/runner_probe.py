@@ -30,9 +30,10 @@ def model_runner_kind(runner) -> str:
 
 
 def drafter_model(runner):
-    """The draft model object, or None (no speculation, or a speculator without a model)."""
-    owner = getattr(runner, "speculator" if model_runner_kind(runner) == "v2" else "drafter", None)
-    return getattr(owner, "model", None)
+    """The draft model object, or None (the serving code's lookup: ``live_worker``)."""
+    from vllm_mtp_plugin.live_worker import runner_drafter
+
+    return runner_drafter(runner)
 
 
 def runner_report(worker) -> dict:
