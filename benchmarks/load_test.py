@@ -89,18 +89,15 @@ def _test(label: str, base_url: str, model: str, args, oracle: bool,
 
 def _serve_and_test(checkpoint_arg: str, args, log_dir: Path) -> dict:
     from vllm_mtp_plugin.tools.bench.checkpoints import resolve
-    from vllm_mtp_plugin.tools.engine.cpu_features import (engine_args_for_dtype,
-                                                           serve_args_for_dtype)
     from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
     from vllm_mtp_plugin.tools.engine.server import Server, start_all
 
     checkpoint = resolve(checkpoint_arg)
     oracle = checkpoint.meta.get("mode") == "oracle"
     common = ["--served-model-name", "tiny", *eager_serve_args("outside-the-graph"), "--max-model-len",
-              str(args.max_model_len), "--dtype", args.dtype, *serve_args_for_dtype(args.dtype)]
-    _, speculative_config = engine_args_for_dtype(args.dtype, {"method": "mtp",
-                                                               "num_speculative_tokens": args.k})
-    speculative = ["--speculative-config", json.dumps(speculative_config)]
+              str(args.max_model_len), "--dtype", args.dtype]
+    speculative = ["--speculative-config", json.dumps({"method": "mtp",
+                                                       "num_speculative_tokens": args.k})]
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1",
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     servers = [Server(checkpoint.path, common + speculative, env=env,

@@ -17,13 +17,10 @@ pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine ma
 def engine(checkpoints):
     from vllm import LLM
 
-    from vllm_mtp_plugin.tools.engine.cpu_features import engine_args_for_dtype
-
     model = checkpoints("noisy", acceptance=0.6, num_nextn_predict_layers=2)
-    backend, spec = engine_args_for_dtype("float32", {"method": "mtp", "num_speculative_tokens": 2})
     llm = LLM(str(model), enforce_eager=eager_for("load-time"), distributed_executor_backend="uni",
-              max_model_len=512,
-              dtype="float32", speculative_config=spec, **backend)
+              max_model_len=512, dtype="float32",
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     yield llm, model
     del llm
 

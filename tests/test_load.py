@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mtp_plugin.tools.engine.cpu_features import engine_args_for_dtype, serve_args_for_dtype
 from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
 from vllm_mtp_plugin.tools.engine.server import Server, start_all
 
@@ -33,10 +32,8 @@ def servers(checkpoints, tmp_path_factory):
     logs = tmp_path_factory.mktemp("load")
     common = ["--served-model-name", "tiny", *eager_serve_args("outside-the-graph"),
               "--max-model-len",
-              str(MAX_MODEL_LEN), "--dtype", "float32", *serve_args_for_dtype("float32")]
-    _, speculative_config = engine_args_for_dtype("float32", {"method": "mtp",
-                                                              "num_speculative_tokens": K})
-    spec = ["--speculative-config", json.dumps(speculative_config)]
+              str(MAX_MODEL_LEN), "--dtype", "float32"]
+    spec = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": K})]
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     group = [Server(model, common + spec, log_path=logs / "spec.log", env=env),
              Server(model, common, log_path=logs / "reference.log", env=env)]

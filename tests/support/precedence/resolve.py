@@ -73,12 +73,11 @@ def main(order: str, *switches: str) -> None:
 def run_engine(checkpoint: str) -> dict:
     from vllm import LLM, SamplingParams
 
-    from vllm_mtp_plugin.tools.engine.cpu_features import engine_args_for_dtype
     from vllm_mtp_plugin.tools.engine.modes import eager_for
 
-    backend, spec = engine_args_for_dtype("float32", {"method": "mtp", "num_speculative_tokens": 1})
     llm = LLM(checkpoint, enforce_eager=eager_for("load-time"), distributed_executor_backend="uni",
-              max_model_len=256, dtype="float32", speculative_config=spec, **backend)
+              max_model_len=256, dtype="float32",
+              speculative_config={"method": "mtp", "num_speculative_tokens": 1})
     out = llm.generate(["Hello world"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     drafter = llm.collective_rpc(lambda w: type(w.model_runner.drafter.model))[0]
     from vllm_mtp_rival import models

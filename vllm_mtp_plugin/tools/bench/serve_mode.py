@@ -42,16 +42,18 @@ def server_env(impl: str, runner: str | None = None, verify_env: dict | None = N
 
 
 def serve_args(sweep: Sweep, k: int, dtype: str | None = None, eager: bool = False,
-               sample_methods: dict[str, str] | None = None) -> list[str]:
+               sample_methods: dict[str, str] | None = None, impl: str = "plugin") -> list[str]:
     """``vllm serve`` arguments; ``sample_methods`` (``Config.sample_methods``) go into the
-    speculative config."""
+    speculative config; ``impl`` "vllm" (no plugin loaded) names the backends the plugin's
+    patches would choose."""
     dtype = dtype or sweep.dtype
     args = ["--enforce-eager"] if sweep.eager or eager else []
     args += ["--max-model-len", str(sweep.max_model_len),
             "--max-num-seqs", str(max(sweep.concurrencies)), "--dtype", dtype,
             "--seed", str(sweep.seed)]
     return args + serve_args_for_dtype(dtype, {"method": "mtp", "num_speculative_tokens": k,
-                                                **(sample_methods or {})} if k else None)
+                                                **(sample_methods or {})} if k else None,
+                                       plugin_loaded=impl != "vllm")
 
 
 def measure(base_url: str, model: str, sweep: Sweep, concurrency: int, measured: dict,
@@ -92,7 +94,7 @@ def run_server_group(sweep: Sweep, ckpt: Checkpoint, configs: list[Config], pass
     else:
         log_path = log_dir / f"serve-{ckpt.label}-{first.impl}-k{first.k}{first.log_suffix()}.log"
         args = serve_args(sweep, first.k, ckpt.engine["dtype"], ckpt.engine["eager"],
-                          first.sample_methods())
+                          first.sample_methods(), first.impl)
         server = Server(ckpt.path, args, log_path=log_path,
                         env=server_env(first.impl, ckpt.engine["runner"], first.verify_env()))
         log(f"starting server for {first.label()} (log: {log_path})")

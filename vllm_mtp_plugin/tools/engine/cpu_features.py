@@ -113,37 +113,51 @@ def machine_summary() -> dict:
             "vllm_kernels": kernel_build(), "avx512_hidden": avx512_hidden()}
 
 
-def float32_mla_backend() -> str | None:
+PLUGIN_ENTRY_POINT = "vllm_mtp_plugin"  # its name in vllm.general_plugins (setup.py)
+
+
+def plugin_loads(env: dict | None = None) -> bool:
+    """Whether vLLM loads this plugin in a process with ``env``: ``VLLM_PLUGINS`` unset, or
+    naming it (vLLM's filter, ``plugins/__init__.py``)."""
+    import os
+
+    names = (os.environ if env is None else env).get("VLLM_PLUGINS")
+    return names is None or PLUGIN_ENTRY_POINT in [n.strip() for n in names.split(",")]
+
+
+def float32_mla_backend(plugin_loaded: bool = True) -> str | None:
     """The MLA backend an fp32 DeepSeek engine must name on this CPU, or None where vLLM's choice
     takes fp32.
 
-    On a CPU with AMX tiles vLLM picks ``AMX_MLA`` for the target and, separately, for the drafter
-    (``platforms/cpu.py: get_attn_backend_cls``), and that backend holds bf16 weights only
-    (``AMXMLABackend.supported_dtypes``; an fp32 engine stops at load: "expect weight to be
-    bfloat16, float16, int8, fp8_e4m3 or uint8"). ``CPU_MLA``, vLLM's choice on every other CPU,
-    takes fp32. Name it for the target (``attention_backend``) and for the drafter
-    (``speculative_config["attention_backend"]``).
+    On a CPU with AMX tiles vLLM alone picks ``AMX_MLA`` for the target and, separately, for the
+    drafter (``platforms/cpu.py: get_attn_backend_cls``), and that backend holds bf16 weights only
+    (an fp32 engine stops at load: "expect weight to be bfloat16, ..."). With the plugin loaded its
+    patch ``mla_dtype_on_amx`` chooses ``CPU_MLA`` for fp32 by itself; an engine of vLLM alone
+    (``VLLM_PLUGINS=""``, the benchmarks' "vllm" implementation) must name it, for the target
+    (``attention_backend``) and for the drafter (``speculative_config["attention_backend"]``).
     """
     from vllm_mtp_plugin.platform import platform_family
 
-    if platform_family() == "cpu" and "amx_tile" in host_cpu_flags():
+    if not plugin_loaded and platform_family() == "cpu" and "amx_tile" in host_cpu_flags():
         return "CPU_MLA"
     return None
 
 
-def engine_args_for_dtype(dtype: str | None, speculative_config: dict | None = None):
+def engine_args_for_dtype(dtype: str | None, speculative_config: dict | None = None,
+                          plugin_loaded: bool = True):
     """``(engine kwargs, speculative config)`` for an engine in ``dtype`` on this CPU."""
-    backend = float32_mla_backend() if dtype in ("float32", "fp32") else None
+    backend = float32_mla_backend(plugin_loaded) if dtype in ("float32", "fp32") else None
     if backend is None:
         return {}, speculative_config
     spec = None if speculative_config is None else {**speculative_config, "attention_backend": backend}
     return {"attention_backend": backend}, spec
 
 
-def serve_args_for_dtype(dtype: str | None, speculative_config: dict | None = None) -> list[str]:
+def serve_args_for_dtype(dtype: str | None, speculative_config: dict | None = None,
+                         plugin_loaded: bool = True) -> list[str]:
     """The same for ``vllm serve``: ``--attention-backend`` where needed, ``--speculative-config``."""
     import json
 
-    kwargs, spec = engine_args_for_dtype(dtype, speculative_config)
+    kwargs, spec = engine_args_for_dtype(dtype, speculative_config, plugin_loaded)
     args = [f"--{key.replace('_', '-')}={value}" for key, value in kwargs.items()]
     return args + (["--speculative-config", json.dumps(spec)] if spec is not None else [])

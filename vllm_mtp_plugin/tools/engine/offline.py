@@ -250,7 +250,7 @@ def _child(request_path: str, result_path: str) -> None:
     from vllm import LLM
 
     from . import runner_probe
-    from .cpu_features import engine_args_for_dtype
+    from .cpu_features import engine_args_for_dtype, plugin_loads
 
     config = OfflineConfig(**json.loads(Path(request_path).read_text()))
     allocated = _record_allocated_bytes()
@@ -264,7 +264,7 @@ def _child(request_path: str, result_path: str) -> None:
                                         "num_speculative_tokens": config.num_speculative_tokens,
                                         **config.speculative_overrides}
     backend_args, kwargs["speculative_config"] = engine_args_for_dtype(
-        kwargs.get("dtype"), kwargs.get("speculative_config"))
+        kwargs.get("dtype"), kwargs.get("speculative_config"), plugin_loads())
     kwargs.update(backend_args)
     t0 = time.perf_counter()
     llm = LLM(config.model, **kwargs)

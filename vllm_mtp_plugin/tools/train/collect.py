@@ -80,16 +80,15 @@ def cpu_without_bf16() -> bool:
 def _engine(model_dir: Path, dtype: str, max_len: int, engine_kwargs: dict):
     from vllm import LLM
 
-    from ..engine.cpu_features import engine_args_for_dtype
     from ..engine.modes import eager_for
 
     if dtype == "auto" and cpu_without_bf16():
         dtype = "float32"  # bf16 is compute-bound there (docs/platforms.md: "On CPU")
-    extra, spec = engine_args_for_dtype(dtype, {"method": "mtp", "num_speculative_tokens": 1})
+    extra = {}
     kv_bytes = cpu_kv_cache_bytes(json.loads((model_dir / "config.json").read_text()), max_len)
     if kv_bytes is not None:
         extra["kv_cache_memory_bytes"] = kv_bytes
-    return LLM(str(model_dir), speculative_config=spec,
+    return LLM(str(model_dir), speculative_config={"method": "mtp", "num_speculative_tokens": 1},
                enforce_eager=eager_for("training-collection"),
                enable_prefix_caching=False, enable_chunked_prefill=False,
                max_model_len=max_len + 1, dtype=dtype, disable_log_stats=False,
