@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vllm_mtp_plugin.tools.bench.stats import wilson
-from vllm_mtp_plugin.tools.doctor import reference, selftest, verdict
+from vllm_mtp_plugin.tools.doctor import paired, reference, selftest, verdict
 from vllm_mtp_plugin.tools.doctor.checks import SCHEMA, Check, as_dicts, write_report
 from vllm_mtp_plugin.tools.doctor.platform_facts import engine_mode
 from vllm_mtp_plugin.tools.doctor.sampling import chi_square_p, homogeneity
@@ -253,3 +253,36 @@ def test_batch_sizes_option():
             _batch_sizes(bad)
     args, extra = parse_args(["m", "--batch-sizes", "2,4", "--max-num-seqs", "4"])
     assert args.batch_sizes == (2, 4) and extra == ["--max-num-seqs", "4"]
+
+
+def test_served_drafts_pair_with_the_layers_own_at_their_positions():
+    """The served trajectory (k = 1: one position further after a rejection, two after an
+    acceptance), a request whose text parts from the reference's, and the verdict on the pairs."""
+    assert list(paired.served_positions(5, [1, 0, 1, 0], [1, 1, 1, 1])) == [
+        (4, True), (6, False), (7, True), (9, False)]
+    tokens = list(range(100, 120))  # prompt 100..104, then the target's continuation
+    agree = [True] * 13  # the layer's own draft is right at every position 4..16
+    sequence = {"tokens": tokens, "start": 4, "agree": agree}
+    request = {"prompt_token_ids": tokens[:5], "token_ids": tokens[5:],
+               "accepted_per_step": [1, 0, 1, 0, 1, 1, 1], "drafted_per_step": [1] * 7}
+    result = paired.pair([sequence], [request])
+    assert (result["pairs"], result["both"], result["lost"], result["gained"]) == (7, 5, 2, 0)
+    assert result["drop"] == pytest.approx(2 / 7) and result["own"] == 1.0
+    # Texts that part at token 10: drafts whose next-next token lies there or later do not pair.
+    parted = {**request, "token_ids": tokens[5:10] + [1] + tokens[11:]}
+    assert paired.pair([sequence], [parted])["pairs"] == 3  # positions 4, 6, 7
+    assert paired.pair([sequence], [{**request, "prompt_token_ids": [1, 2]}]) is None
+    # Faithful serving: no discordant pair, a narrow interval around 0; a drop of 0.05 over 400
+    # pairs (22 lost, 2 gained) is told, the same counts over 60 pairs are too few to use.
+    assert paired.drop_interval(0, 0, 400)[1] < 0.01
+    told = {"pairs": 400, "drop": 20 / 400, "drop_interval": paired.drop_interval(22, 2, 400),
+            "served": 0.62, "own": 0.67}
+    assert paired.tells_a_serving_drop(told) is True
+    assert paired.tells_a_serving_drop({**told, "pairs": 60}) is None
+    near_ties = {**told, "drop": 3 / 400, "drop_interval": paired.drop_interval(5, 2, 400)}
+    assert paired.tells_a_serving_drop(near_ties) is False
+    base = {**PROBE, "accepted": 248, "acceptance": 0.62, "interval": wilson(248, 400)}
+    assert verdict.decide("mtp", [], {**base, "paired": told}, _reference(0.66), None)[
+        "verdict"] == "serving-mismatch"
+    assert verdict.decide("mtp", [], {**base, "paired": near_ties}, _reference(0.66), None)[
+        "verdict"] == "healthy"

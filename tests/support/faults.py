@@ -4,6 +4,9 @@ serving fault from a layer that does not fit. Test code only; never in the packa
 ``MTP_TEST_FAULT=drafter-head``: the plugin's drafter computes its logits with the target's head
 rows shifted by one token (``logits.roll(1)``), as a drafter holding a wrong or mis-sharded head
 would: the layer's output is right, every draft token is the wrong one.
+``MTP_TEST_FAULT=drafter-head-some``: the same, for one draft in every ``SOME_EVERY`` (counted
+over the drafter's rows in order): a fault that costs about 0.05 of first-position acceptance, the
+drop ``vllm-mtp doctor`` is sized to tell (``tools/doctor/paired.py``).
 ``MTP_TEST_FAULT=drafter-norms``: after loading, each MTP layer's ``enorm`` and ``hnorm`` weights
 are swapped, as a loader that mixes them up would: the layer computes something else than its
 files say.
@@ -20,7 +23,8 @@ from pathlib import Path
 
 from vllm_mtp_plugin.patches.import_hooks import after_import
 
-FAULTS = ("drafter-head", "drafter-norms", "round-1-head")
+FAULTS = ("drafter-head", "drafter-head-some", "drafter-norms", "round-1-head")
+SOME_EVERY = 14
 HARNESS = str(Path(__file__).resolve().parents[1] / "mrv2_harness")  # the suite's sitecustomize
 
 
@@ -40,6 +44,26 @@ def _shift_drafter_head(module) -> None:
     def compute_logits(self, hidden_states, spec_step_idx: int = 0):
         logits = original(self, hidden_states, spec_step_idx)
         return None if logits is None else logits.roll(1, dims=-1)
+
+    predictor.compute_logits = compute_logits
+
+
+def _shift_drafter_head_sometimes(module) -> None:
+    predictor = module.DeepSeekMultiTokenPredictor
+    original = predictor.compute_logits
+    rows_seen = [0]
+
+    def compute_logits(self, hidden_states, spec_step_idx: int = 0):
+        logits = original(self, hidden_states, spec_step_idx)
+        if logits is None:
+            return None
+        rows = logits.shape[0]
+        hit = [i for i in range(rows) if (rows_seen[0] + i) % SOME_EVERY == SOME_EVERY - 1]
+        rows_seen[0] += rows
+        if hit:
+            logits = logits.clone()
+            logits[hit] = logits[hit].roll(1, dims=-1)
+        return logits
 
     predictor.compute_logits = compute_logits
 
@@ -96,7 +120,8 @@ def install(name: str) -> None:
         after_import("vllm_mtp_plugin.live_worker", _shift_head_of_round_1)
         after_import("vllm_mtp_plugin.models.predictor", _shift_head_when_flagged)
         return
-    faults = {"drafter-head": _shift_drafter_head, "drafter-norms": _swap_drafter_norms}
+    faults = {"drafter-head": _shift_drafter_head, "drafter-head-some": _shift_drafter_head_sometimes,
+              "drafter-norms": _swap_drafter_norms}
     if name not in faults:
         raise ValueError(f"MTP_TEST_FAULT={name!r}: not one of {FAULTS}")
     after_import("vllm_mtp_plugin.models.predictor", faults[name])

@@ -25,6 +25,7 @@ from pathlib import Path
 from ..engine.offline import OfflineConfig, run_config
 from .batch import DEFAULT_BATCH_SIZES, batch_advice, measure_batch_sizes
 from .checks import Check, check
+from .paired import pair
 from .verdict import advice, decide
 
 PROBE_K = 1
@@ -70,6 +71,8 @@ def probe_config(model: Path, settings: DiagnosisSettings, prompts: list) -> Off
     passes = ([{"label": "completions", "prompts": completions}] if completions else []) + (
         [{"label": "chats", "prompts": chats, "chat": True}] if chats else [])
     args = dict(settings.engine_args)
+    # Each request's drafts step by step, to pair them with the layer's own (``paired.py``).
+    args.setdefault("per_request_spec_decode_metrics", "detailed")
     return OfflineConfig(model=str(model), num_speculative_tokens=PROBE_K,
                          prompts=passes[0]["prompts"], passes=passes,
                          max_tokens=settings.max_tokens, ignore_eos=False,
@@ -205,7 +208,9 @@ def diagnose(model: Path, settings: DiagnosisSettings, work: Path, progress=prin
                     **decide(kind, problems, probe, None, None, report, reason)}
         eager = eager_counters(manifest)
         unroll = "chained" if run["runner"] == "v2" else "recursive"
-        reference = evaluate(model, work / "data", settings.depth, unroll)
+        reference = evaluate(model, work / "data", settings.depth, unroll, by_sequence=True)
+        probe["paired"] = pair(reference.pop("by_sequence"), [
+            request for r in run["runs"] for request in r.get("drafted_per_request") or []])
         own = reference["agreement"][0]
         checks.append(check("reference", own is not None,
                             f"the layer's own first-draft agreement {own:.3f} over "

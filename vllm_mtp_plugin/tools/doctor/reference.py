@@ -14,7 +14,9 @@ the continuation's positions (where a served draft is made):
   and its distance from the files' layer output on the same input: the served layer computes
   what the files say, or not;
 * ``sampled``: at temperature T, the expected acceptance of greedy drafts (the target's
-  probability of the draft) and of probabilistic drafts (the overlap of the two distributions).
+  probability of the draft) and of probabilistic drafts (the overlap of the two distributions);
+* ``by_sequence`` (when asked): per sequence, whether the layer's own first draft at each
+  position is the token that followed (for ``paired.py``; not part of the report).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ SAMPLED_TEMPERATURE = 1.0
 
 @torch.no_grad()
 def evaluate(model_dir: Path, data_dir: Path, depth: int, unroll: str,
-             temperature: float = SAMPLED_TEMPERATURE, device: str | None = None) -> dict:
+             temperature: float = SAMPLED_TEMPERATURE, device: str | None = None,
+             by_sequence: bool = False) -> dict:
     """The figures above for the layer(s) of ``model_dir`` on the data in ``data_dir``, ``depth``
     drafts deep. One sequence at a time: a full-size head makes ``[T, 129280]`` logits per depth.
     On an accelerator when there is one (the layer in float32: ~46 GB for DeepSeek-V3's)."""
@@ -46,6 +49,7 @@ def evaluate(model_dir: Path, data_dir: Path, depth: int, unroll: str,
     sums = {"agree": [0] * depth, "count": [0] * depth, "served_agree": 0, "served_count": 0,
             "distance": 0.0, "greedy_t": 0.0, "probabilistic_t": 0.0, "by_k": [0] * depth,
             "steps": 0}
+    sequences = []
     for i in range(len(store)):
         tokens, hidden, lengths = (t.to(device) for t in store.batch([i]))
         start = max(store.prompt_lengths[i] - 1, 0)  # the first served draft is made here
@@ -64,13 +68,26 @@ def evaluate(model_dir: Path, data_dir: Path, depth: int, unroll: str,
             if s == 0:
                 base = valid
                 sums["steps"] += int(base.sum())
+                if by_sequence:
+                    sequences.append(_own_drafts(tokens[0, :int(lengths[0])], start,
+                                                 draft.argmax(-1)))
                 _served(sums, store.outputs[i] if store.outputs else None, out[0, :n], teacher,
                         valid, head)
                 _sampled(sums, draft[valid], teacher[valid], temperature)
             # A step with s + 1 drafts accepts depth s only after every shallower depth.
             leading = torch.nn.functional.pad(leading[:n] * agree.long(), (0, width - n))
             sums["by_k"][s] += int(leading[base].sum())
-    return _figures(sums, depth, unroll, temperature, len(store))
+    figures = _figures(sums, depth, unroll, temperature, len(store))
+    return {**figures, "by_sequence": sequences} if by_sequence else figures
+
+
+def _own_drafts(tokens: torch.Tensor, start: int, drafts: torch.Tensor) -> dict:
+    """One sequence's tokens and, for each position j a served draft can be made at (from the
+    prompt's last token to the third-last token), whether the layer's own first draft there is
+    the token the target put at j + 2 (``doctor/paired.py`` pairs them with the served drafts)."""
+    last = tokens.numel() - 3
+    own = (drafts[start:last + 1] == tokens[start + 2:last + 3]).tolist() if last >= start else []
+    return {"tokens": tokens.tolist(), "start": start, "agree": own}
 
 
 def _served(sums: dict, recorded: torch.Tensor | None, reference: torch.Tensor,

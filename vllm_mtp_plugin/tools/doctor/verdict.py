@@ -8,16 +8,21 @@ serving problem; a layer that does not agree with its target even on its own is 
 
 * ``not-mtp``: no DeepSeek MTP layer where one belongs (none, or another drafter format);
 * ``refused``: the start-up check refuses the layer (its message says what to fix);
-* ``serving-mismatch``: served acceptance below the layer's own agreement, their 95 % intervals
-  apart, and either far below (under ``SERVING_RATIO`` of it and ``MIN_GAP`` less) or with the
-  served layer's output away from the files' layer's (``OUTPUT_DISTANCE``): a layer loaded wrong
-  can cost ten points of acceptance and still be measured;
+* ``serving-mismatch``: the served drafts accepted less often than the layer's own drafts on the
+  same positions of the same text (``paired.py``: a drop of ``SERVING_DROP`` or more, its interval
+  above 0; sized to tell a drop of ``DETECTABLE_DROP``, 0.05 of first-position acceptance). Where
+  too few drafts pair (an engine without vLLM's per-request draft records, texts that part), the
+  two rates are compared unpaired: served acceptance below the layer's own agreement, their 95 %
+  intervals apart, and either far below (under ``SERVING_RATIO`` of it and ``MIN_GAP`` less) or
+  with the served layer's output away from the files' layer's (``OUTPUT_DISTANCE``);
 * ``layer-mismatch``: the layer's own agreement below ``LAYER_MIN_AGREEMENT``;
 * ``healthy``: neither;
 * ``undetermined``: no reference could be computed, or an engine failed (the reason is given).
 """
 
 from __future__ import annotations
+
+from .paired import tells_a_serving_drop
 
 VERDICTS = ("healthy", "serving-mismatch", "layer-mismatch", "not-mtp", "refused", "undetermined")
 # Below this first-draft agreement a layer does not fit its target: matched DeepSeek layers accept
@@ -54,11 +59,20 @@ def decide(kind: str, problems: list[str], probe: dict | None, reference: dict |
     figures = (f"served acceptance {served:.3f} [{served_ci[0]:.3f}, {served_ci[1]:.3f}] at k = 1 "
                f"over {probe['drafts']:.0f} drafts; the layer's own agreement {own:.3f} "
                f"[{own_ci[0]:.3f}, {own_ci[1]:.3f}] over {reference['positions']} positions")
-    apart = served_ci[1] < own_ci[0]
-    far_below = served < SERVING_RATIO * own and own - served > MIN_GAP and apart
-    out = reference.get("served_output")
-    computed_otherwise = out is not None and out["relative_distance"] > OUTPUT_DISTANCE and apart
-    if far_below or computed_otherwise:
+    paired = probe.get("paired")
+    told = tells_a_serving_drop(paired)
+    if told is None:
+        apart = served_ci[1] < own_ci[0]
+        far_below = served < SERVING_RATIO * own and own - served > MIN_GAP and apart
+        out = reference.get("served_output")
+        told = far_below or (out is not None and out["relative_distance"] > OUTPUT_DISTANCE
+                             and apart)
+    else:
+        low, high = paired["drop_interval"]
+        figures += (f"; on the same {paired['pairs']} positions the served drafts were accepted "
+                    f"{paired['served']:.3f} and the layer's own {paired['own']:.3f}: a serving "
+                    f"drop of {paired['drop']:.3f} [{low:.3f}, {high:.3f}]")
+    if told:
         return {"verdict": "serving-mismatch", "reasons": [figures],
                 "causes": serving_causes(reference, eager, probe, inspect),
                 "next": ["the layer is fine: the serving stack loads or runs it wrong (causes "

@@ -213,6 +213,22 @@ def _sampling_params(prompts: list[str], sampling: dict | list, config: OfflineC
     return params
 
 
+def _drafted_per_request(outputs) -> list[dict] | None:
+    """Each request's prompt and output ids with its drafts step by step (vLLM's per-request
+    speculative-decoding metrics, ``per_request_spec_decode_metrics="detailed"``: accepted and
+    proposed drafts per verify step, in order); None where the engine records none."""
+    rows = []
+    for output in outputs:
+        metrics = getattr(output.outputs[0], "spec_decode_metrics", None)
+        if metrics is None or not getattr(metrics, "per_step_drafted", None):
+            continue
+        rows.append({"prompt_token_ids": list(output.prompt_token_ids),
+                     "token_ids": list(output.outputs[0].token_ids),
+                     "accepted_per_step": list(metrics.per_step_accepted),
+                     "drafted_per_step": list(metrics.per_step_drafted)})
+    return rows or None
+
+
 def _generate(llm, prompts: list, params, chat: bool):
     if chat:
         return llm.chat(prompts, params, use_tqdm=False)
@@ -239,6 +255,9 @@ def _measured_pass(llm, config: OfflineConfig, label, prompts: list, params, cha
         "requests": [_request_latency(o) for o in outputs],
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
     }
+    drafted = _drafted_per_request(outputs)
+    if drafted is not None:
+        run["drafted_per_request"] = drafted
     if label is not None:
         run["pass"] = label
     if config.step_timings:
