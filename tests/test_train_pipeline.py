@@ -240,6 +240,30 @@ def test_resume_continues_where_it_stopped(models, data, tmp_path, monkeypatch):
         assert torch.equal(a, b), name
 
 
+class _RunsCode:
+    """A pickled object whose load would run code (writes a file)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_trainer_state_that_would_run_code_is_refused(models, data, tmp_path):
+    """Resuming reads the work directory's state as data only: a file that holds a pickled
+    object (anyone with write access to the directory could plant one) is refused by name, and
+    the object is never built."""
+    marker = tmp_path / "code-ran"
+    work = tmp_path / "work"
+    work.mkdir()
+    torch.save({"settings": {}, "hostile": _RunsCode(marker)}, work / "trainer-state.pt")
+    model = MtpTrainModel(open_target(models[1]), "scratch", 1, "chained")
+    with pytest.raises(ValueError, match="trainer-state.pt: not a state this trainer wrote"):
+        train(model, SequenceStore(data), settings(), work, progress=False)
+    assert not marker.exists()
+
+
 @pytest.mark.engine
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_world_size_two_matches_one_process(models, data, tmp_path, sharding):

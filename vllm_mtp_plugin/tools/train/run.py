@@ -20,7 +20,8 @@ from .target import open_target
 from .data import SequenceStore
 from .layers import to_checkpoint_tensors
 from .model import MtpTrainModel
-from .trainer import BEST_LAYERS, TrainSettings, full_layer_states, save_history, train
+from .trainer import (BEST_LAYERS, TrainSettings, full_layer_states, load_state, save_history,
+                      train)
 
 LAYERS_FILE = "trained-layers.safetensors"
 HISTORY_FILE = "history.json"
@@ -56,7 +57,7 @@ def run_training(job: dict, progress: bool = True) -> None:
             from safetensors.torch import save_file
 
             if (work / BEST_LAYERS).exists():  # the layer with the best held-out loss
-                states = torch.load(work / BEST_LAYERS)
+                states = load_state(work / BEST_LAYERS)
 
             tensors = {f"{j}.{name}": t.contiguous() for j, state in enumerate(states)
                        for name, t in to_checkpoint_tensors(state).items()}

@@ -145,6 +145,21 @@ def full_layer_states(model: MtpTrainModel) -> list[dict[str, torch.Tensor]]:
     return layers
 
 
+def load_state(path: Path):
+    """A file this trainer wrote (its state, the best layers), read as data only: tensors,
+    numbers, strings, lists and dicts (``torch.load(weights_only=True)``). Anything else in it
+    (a pickled object, which could run code on load) is refused with what to do."""
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path}: not a state this trainer wrote (read as data only, it holds "
+                         f"something else: {first[:200]}); remove it to train from the start, "
+                         "and check who else writes to this work directory.") from None
+
+
 def _restore(model: MtpTrainModel, optimizer, saved: dict) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
@@ -178,7 +193,7 @@ def train(model: MtpTrainModel, store: SequenceStore, settings: TrainSettings, w
     start = 0
     state_path = work_dir / CHECKPOINT
     if state_path.exists():
-        saved = torch.load(state_path, weights_only=False)
+        saved = load_state(state_path)
         if saved["settings"] != dataclasses.asdict(settings):
             raise ValueError(f"{state_path} was written with other settings; remove it or "
                              "train with the same options.")
