@@ -240,6 +240,18 @@ def test_resume_continues_where_it_stopped(models, data, tmp_path, monkeypatch):
         assert torch.equal(a, b), name
 
 
+def test_train_finishes_without_matplotlib(models, data, tmp_path, monkeypatch, capsys):
+    """vLLM's requirements bring no matplotlib: train exports, writes training.json and says
+    which pictures it left out."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    out = tmp_path / "out"
+    assert cli.main([str(models[0]), "--data", str(data), "--out", str(out), "--steps", "4",
+                     "--batch-size", "4", "--quiet"]) == 0
+    assert json.loads((out / "training" / "training.json").read_text())["settings"]["steps"] == 4
+    assert not list((out / "training").glob("*.png"))
+    assert "not drawn: matplotlib is not installed (pip install matplotlib" in capsys.readouterr().err
+
+
 class _RunsCode:
     """A pickled object whose load would run code (writes a file)."""
 

@@ -210,11 +210,13 @@ def _save(plt, fig, ax, path: Path, integer_x: bool = True) -> Path:
 
 
 def plot_all(rows: list[dict], out_dir: Path) -> list[Path]:
-    """Write the three plots; returns their paths (none when there is nothing to show)."""
-    import matplotlib
+    """Write the three plots; returns their paths (none when there is nothing to show, or no
+    matplotlib)."""
+    from ..plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(f"plots in {out_dir}")
+    if plt is None:
+        return []
 
     paths = []
     rows = [r for r in rows if not r.get("floor_only")]  # in the floor table, not the plots

@@ -126,10 +126,11 @@ def rebuild(out_dir: Path, cache_dir: Path, settings: PretrainSettings | None = 
 
 def plot_training(record: dict, path: Path) -> None:
     """Training loss (target and MTP) and held-out MTP accuracy per kind, against the step."""
-    import matplotlib
+    from ..plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     history = record["history"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))

@@ -259,10 +259,11 @@ def train(model: MtpTrainModel, store: SequenceStore, settings: TrainSettings, w
 
 def plot(history: dict, loss_path: Path, accuracy_path: Path) -> None:
     """Training loss per depth, and held-out agreement with the target per depth, as PNGs."""
-    import matplotlib
+    from ..plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(f"{loss_path} and {accuracy_path}")
+    if plt is None:
+        return
 
     fig_loss, left = plt.subplots(figsize=(6, 4))
     fig_acc, right = plt.subplots(figsize=(6, 4))

@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         return REFUSED_EXIT
     print(summary_text(data))
     if not args.no_plot:
-        print(f"plot: {tune_plot.expected(data, args.out.with_suffix('.png'))}")
+        drawn = tune_plot.expected(data, args.out.with_suffix(".png"))
+        if drawn is not None:
+            print(f"plot: {drawn}")
     print(f"results: {args.out}")
     return 0

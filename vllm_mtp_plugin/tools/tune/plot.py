@@ -7,15 +7,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..plotting import pyplot
+
 
 @contextmanager
-def concurrency_axes(path: Path, concurrencies: list[int], ylabel: str, title: str):
+def concurrency_axes(plt, path: Path, concurrencies: list[int], ylabel: str, title: str):
     """One figure: concurrency on a log-2 axis, saved to ``path`` when the block ends."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(6.4, 4), dpi=100)
     yield ax
     ax.set_xscale("log", base=2)
@@ -27,11 +24,14 @@ def concurrency_axes(path: Path, concurrencies: list[int], ylabel: str, title: s
     plt.close(fig)
 
 
-def expected(data: dict, path: Path) -> Path:
+def expected(data: dict, path: Path) -> Path | None:
     """Expected tokens/s, one line per k, tune's measured points as markers, the chosen k per
-    concurrency as a thick line."""
+    concurrency as a thick line (None: no matplotlib)."""
+    plt = pyplot(path)
+    if plt is None:
+        return None
     cs = [int(c) for c in data["expected_tok_s"]]
-    with concurrency_axes(path, cs, "output tokens/s",
+    with concurrency_axes(plt, path, cs, "output tokens/s",
                           "Expected throughput per k (x: measured in tune's pass)") as ax:
         for k in data.get("ks_measured") or range(data["settings"]["max_k"] + 1):
             ys = [data["expected_tok_s"][str(c)].get(str(k)) for c in cs]
@@ -47,11 +47,15 @@ def expected(data: dict, path: Path) -> Path:
     return path
 
 
-def measured_against_pick(verdicts: list[dict], path: Path, title: str) -> Path:
+def measured_against_pick(verdicts: list[dict], path: Path, title: str) -> Path | None:
     """Measured throughput per fixed k over no speculation's (bars: lowest to highest pass), and
-    tune's pick, thick: a ratio keeps small and large concurrencies readable on one axis."""
+    tune's pick, thick: a ratio keeps small and large concurrencies readable on one axis (None:
+    no matplotlib)."""
+    plt = pyplot(path)
+    if plt is None:
+        return None
     cs = [v["concurrency"] for v in verdicts]
-    with concurrency_axes(path, cs, "tokens/s over no speculation (measured)", title) as ax:
+    with concurrency_axes(plt, path, cs, "tokens/s over no speculation (measured)", title) as ax:
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
         for k in sorted({int(k) for v in verdicts for k in v["tok_s"]}):
             points = [(v["concurrency"], v["tok_s"][str(k)], v["tok_s"]["0"]["median"])
