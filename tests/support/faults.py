@@ -1,12 +1,12 @@
 """Serving faults a test injects into vLLM's processes, to show that ``vllm-mtp doctor`` tells a
 serving fault from a layer that does not fit. Test code only; never in the package.
 
-``MTP_TEST_FAULT=drafter-head``: the plugin's drafter computes its logits with the target's head
-rows shifted by one token (``logits.roll(1)``), as a drafter holding a wrong or mis-sharded head
-would: the layer's output is right, every draft token is the wrong one.
-``MTP_TEST_FAULT=drafter-head-some``: the same, for one draft in every ``SOME_EVERY`` (counted
-over the drafter's rows in order): a fault that costs about 0.05 of first-position acceptance, the
-drop ``vllm-mtp doctor`` is sized to tell (``tools/doctor/paired.py``).
+``MTP_TEST_FAULT=drafter-head-some``: for one draft in every ``SOME_EVERY`` (counted over the
+drafter's rows in order) the plugin's drafter computes its logits with the target's head rows
+shifted by one token (``logits.roll(1)``), as a drafter holding a wrong or mis-sharded head would
+for part of the vocabulary: the layer's output is right, those draft tokens are wrong. It costs
+about 0.05 of first-position acceptance, the drop ``vllm-mtp doctor`` is sized to tell
+(``tools/doctor/paired.py``).
 ``MTP_TEST_FAULT=drafter-norms``: after loading, each MTP layer's ``enorm`` and ``hnorm`` weights
 are swapped, as a loader that mixes them up would: the layer computes something else than its
 files say.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from vllm_mtp_plugin.patches.import_hooks import after_import
 
-FAULTS = ("drafter-head", "drafter-head-some", "drafter-norms", "round-1-head")
+FAULTS = ("drafter-head-some", "drafter-norms", "round-1-head")
 SOME_EVERY = 14
 HARNESS = str(Path(__file__).resolve().parents[1] / "mrv2_harness")  # the suite's sitecustomize
 
@@ -35,17 +35,6 @@ def fault_env(name: str) -> dict[str, str]:
         raise ValueError(f"{name!r}: not one of {FAULTS}")
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != HARNESS]
     return {"MTP_TEST_FAULT": name, "PYTHONPATH": os.pathsep.join([HARNESS, *rest])}
-
-
-def _shift_drafter_head(module) -> None:
-    predictor = module.DeepSeekMultiTokenPredictor
-    original = predictor.compute_logits
-
-    def compute_logits(self, hidden_states, spec_step_idx: int = 0):
-        logits = original(self, hidden_states, spec_step_idx)
-        return None if logits is None else logits.roll(1, dims=-1)
-
-    predictor.compute_logits = compute_logits
 
 
 def _shift_drafter_head_sometimes(module) -> None:
@@ -120,8 +109,7 @@ def install(name: str) -> None:
         after_import("vllm_mtp_plugin.live_worker", _shift_head_of_round_1)
         after_import("vllm_mtp_plugin.models.predictor", _shift_head_when_flagged)
         return
-    faults = {"drafter-head": _shift_drafter_head, "drafter-head-some": _shift_drafter_head_sometimes,
-              "drafter-norms": _swap_drafter_norms}
+    faults = {"drafter-head-some": _shift_drafter_head_sometimes, "drafter-norms": _swap_drafter_norms}
     if name not in faults:
         raise ValueError(f"MTP_TEST_FAULT={name!r}: not one of {FAULTS}")
     after_import("vllm_mtp_plugin.models.predictor", faults[name])
