@@ -14,7 +14,7 @@ completions of four-line excerpts of the *training* headers for ``--minutes``, `
 at a time. Measured:
 
 - acceptance over time: vLLM's counters from ``/metrics`` every ``--scrape-s`` seconds, as
-  acceptance per ``--window-s`` window, with the adapter's events (``GET /v1/mtp/adapt``);
+  acceptance per ``--window-s`` window, with the adapter's events (``GET /mtp/adapt``);
 - failed requests (any exception a client saw);
 - losslessness across every swap: each request in flight within ``--around-s`` seconds of a swap,
   and a random sample of the others, compared with transformers' fp32 greedy continuation of its
@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import secrets
 import shutil
 import sys
 import tempfile
@@ -131,8 +132,13 @@ class Traffic:
             thread.join(600)
 
 
+ADMIN_KEY = secrets.token_urlsafe(16)  # the server's reload key, for this run only
+
+
 def _get(port: int, route: str) -> dict:
-    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}{route}", timeout=30).read())
+    return json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{port}{route}", headers={"Authorization": f"Bearer {ADMIN_KEY}"}),
+        timeout=30).read())
 
 
 def _scrape(port: int, started: float) -> dict:
@@ -155,7 +161,8 @@ def serve_with_adapt(target: Path, work: Path, prompts: list[str], args) -> dict
                   "--adapt-window-drafts", str(args.window_drafts)]
     scrapes: list[dict] = []
     # The trainer needs memory beside the server: vLLM's CPU default gives the KV cache 92 %.
-    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+           "VLLM_MTP_RELOAD_API_KEY": ADMIN_KEY}
     with Server(target, serve_args, log_path=work / "serve.log", env=env) as server:
         started = time.time()
         meter = Meter()
@@ -166,8 +173,8 @@ def serve_with_adapt(target: Path, work: Path, prompts: list[str], args) -> dict
                 scrapes.append(_scrape(server.port, started))
                 time.sleep(args.scrape_s)
             scrapes.append(_scrape(server.port, started))
-        status = _get(server.port, "/v1/mtp/adapt")
-        layer = _get(server.port, "/v1/mtp/layer")
+        status = _get(server.port, "/mtp/adapt")
+        layer = _get(server.port, "/mtp/layer")
         final = work / "final-layer"
         shutil.copytree(layer["path"], final, symlinks=False)
         time.sleep(2)

@@ -8,7 +8,7 @@ whole old layer back (``drafter_snapshot.py``).
 One bf16 engine, compiled (vLLM's default), 32-token KV blocks and 64-token steps, serving the
 trained tiny DeepSeek's layer with noise added; the layer is swapped through the worker extension
 ``vllm-mtp serve`` installs (``LiveWorkerExtension.reload_mtp_layer``), as ``POST
-/v1/mtp/reload`` does. The served-layer figures are vLLM's counters on the same prompts before and
+/mtp/reload`` does. The served-layer figures are vLLM's counters on the same prompts before and
 after, one request at a time.
 """
 

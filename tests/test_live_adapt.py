@@ -29,9 +29,13 @@ PROMPTS = [json.loads(line)["prompt"] for line in (trained.shipped_dir().parent 
 NOISE = 0.5
 
 
+ADMIN = "admin-key"
+
+
 def _status(server) -> dict:
-    return json.loads(urllib.request.urlopen(
-        f"http://127.0.0.1:{server.port}/v1/mtp/adapt").read())
+    return json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{server.port}/mtp/adapt",
+        headers={"Authorization": f"Bearer {ADMIN}"})).read())
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +50,8 @@ def adapted(tmp_path_factory):
                          "--max-model-len", "512", "--dtype", "float32",
                          "--adapt", str(root / "adapt"), "--record-fraction", "1",
                          "--adapt-every-tokens", "1500", "--adapt-heldout-tokens", "600",
-                         "--adapt-steps", "60", "--adapt-window-drafts", "150"],
+                         "--adapt-steps", "60", "--adapt-window-drafts", "150",
+                     "--reload-api-key", ADMIN],
                 log_path=root / "serve.log",
                 env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1",
                      **fault_env("round-1-head")}) as server:

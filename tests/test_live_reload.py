@@ -1,5 +1,6 @@
 """``vllm-mtp serve --enable-layer-reload`` + ``vllm-mtp reload``: the drafter's layer replaced in
-a running server. Served as users run it (compiled, default process mode, ``--api-key``), the
+a running server. Served as users run it (compiled, default process mode, ``--api-key`` for
+inference and ``--reload-api-key`` for the admin routes), the
 trained tiny DeepSeek starts with a noised copy of its layer (low acceptance) and is swapped to
 its own layer while a request streams: nothing fails, greedy outputs stay the target's own,
 acceptance afterwards is exactly what a fresh server with that layer gives (tokens and every
@@ -27,7 +28,8 @@ from support.target_greedy import mismatches
 
 pytestmark = pytest.mark.engine
 
-KEY = "test-key"
+KEY = "test-key"  # the inference clients'
+ADMIN = "admin-key"  # the reload key
 MAX_TOKENS = 32
 PROMPTS = [json.loads(line)["prompt"] for line in (trained.shipped_dir().parent /
                                                    "trained_prompts.jsonl").read_text().splitlines()
@@ -57,8 +59,8 @@ def _greedy(server, prompts=PROMPTS):
 
 def _layer(server) -> dict:
     return json.loads(urllib.request.urlopen(urllib.request.Request(
-        f"http://127.0.0.1:{server.port}/v1/mtp/layer",
-        headers={"Authorization": f"Bearer {KEY}"})).read())
+        f"http://127.0.0.1:{server.port}/mtp/layer",
+        headers={"Authorization": f"Bearer {ADMIN}"})).read())
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +71,8 @@ def layers(tmp_path_factory):
         f"model.layers.{trained.ARCH.num_hidden_layers}.", 1.0))
     wider = edited_copy(good, root / "layers" / "other-shape", hidden_size=trained.ARCH.
                         hidden_size * 2)
+    listed = edited_copy(good, root / "layers" / "config-list")
+    (listed / "config.json").write_text("[1, 2]")
     return {"root": root, "good": good, "noised": noised, "other": wider}
 
 
@@ -76,7 +80,8 @@ def layers(tmp_path_factory):
 def swapped(layers):
     """Serve the noised layer, measure, swap to the trained one mid-stream, measure again."""
     root = layers["root"]
-    with _serve(layers["noised"], root / "serve.log", "--api-key", KEY,
+    with _serve(layers["noised"], root / "serve.log", "--api-key", KEY, "--reload-api-key",
+                ADMIN, "--reload-min-interval", "600",
                 "--enable-layer-reload", str(root / "layers")) as server:
         before_tokens, before = _greedy(server)
         client = OpenAI(base_url=server.base_url, api_key=KEY)
@@ -92,7 +97,7 @@ def swapped(layers):
                 ids += list(getattr(chunk.choices[0], "token_ids", None) or [])
                 if len(ids) >= 8 and "reload" not in streamed:  # the swap while it streams
                     streamed["reload"] = request_reload(server.base_url, str(layers["good"]),
-                                                        KEY)
+                                                        ADMIN)
             streamed["tokens"] = ids
 
         thread = threading.Thread(target=stream)
@@ -104,9 +109,14 @@ def swapped(layers):
             time.sleep(0.2)
         after_tokens, after = _greedy(server)
         refusals = {
-            "outside": request_reload(server.base_url, str(layers["root"]), KEY),
-            "other-shape": request_reload(server.base_url, "other-shape", KEY),
+            "outside": request_reload(server.base_url, "../elsewhere", ADMIN),
+            "other-shape": request_reload(server.base_url, "other-shape", ADMIN),
+            "config-list": request_reload(server.base_url, "config-list", ADMIN),
+            "nul-byte": request_reload(server.base_url, "trained\0", ADMIN),
+            "lone-surrogate": request_reload(server.base_url, "trained\udcff", ADMIN),
             "no-key": request_reload(server.base_url, str(layers["good"]), None),
+            "inference-key": request_reload(server.base_url, str(layers["good"]), KEY),
+            "too-soon": request_reload(server.base_url, str(layers["good"]), ADMIN),
         }
         page = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read().decode()
         still_tokens, still = _greedy(server, PROMPTS[:2])
@@ -151,7 +161,19 @@ def test_a_layer_that_does_not_fit_is_refused_and_the_old_one_keeps_serving(swap
     assert status == 400 and answer["version"] == 1
     assert "config.json hidden_size" in answer["error"] and "old layer keeps serving" in answer[
         "error"]
-    assert refusals["no-key"][0] == 401
+    status, answer = refusals["config-list"]
+    assert status == 400 and "holds a JSON list" in answer["error"]
+    for bad in ("nul-byte", "lone-surrogate"):
+        status, answer = refusals[bad]
+        assert status == 400 and "not a usable path" in answer["error"], answer
+    # No answer names a path of the server's disk (the layers directory shows as LAYERS).
+    host = str(layers["root"])
+    assert not [k for k, (_, answer) in refusals.items() if host in json.dumps(answer)]
+    # The admin routes take the reload key alone: none, or an inference client's, is refused.
+    assert refusals["no-key"][0] == 401 and refusals["inference-key"][0] == 401
+    status, answer = refusals["too-soon"]  # the swap was minutes ago at most
+    assert status == 429 and "one reload per 600 s" in answer["error"]
+    assert 0 < answer["retry_after"] <= 600 and answer["version"] == 1
     # Still version 1, drafting as after the swap.
     assert swapped["still"][0] == swapped["after"][0][:2]
     assert swapped["still"][1]["acceptance_rate"] > swapped["before"][1]["acceptance_rate"]
@@ -170,11 +192,17 @@ def test_metrics_tell_the_versions_apart(swapped):
     assert value[(drafts, "1")] >= after["num_drafts"]
     assert value[(accepted, "1")] / value[(drafts, "1")] > value[(accepted, "0")] / value[
         (drafts, "0")] + 0.3
+    # Which layer each version is, by its name below the reload directory: no path on /metrics,
+    # which anyone who reaches the port may read.
+    info = {dict(labels)["version"]: dict(labels)["layer"] for (name, labels), _ in page.items()
+            if name == "vllm_mtp:drafter_layer_info"}
+    assert info == {"0": "started with", "1": "trained"}
+    assert "/" not in swapped["metrics"].split("vllm_mtp:drafter_layer_info", 1)[1].split("\n# ")[0]
 
 
 def test_reload_command_line(layers, capsys):
     assert reload_main(["http://127.0.0.1:9", str(layers["good"])]) == 1
-    assert "cannot reach http://127.0.0.1:9/v1/mtp/reload" in capsys.readouterr().out
+    assert "cannot reach http://127.0.0.1:9/mtp/reload" in capsys.readouterr().out
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="TP = 2 on CPU needs 2 cores (one per rank)")
@@ -186,10 +214,10 @@ def test_reload_reaches_every_tensor_parallel_rank(layers):
     root = layers["root"]
     tp2 = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"]
     bind = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
-    with _serve(layers["noised"], root / "tp2-serve.log", "--api-key", KEY,
+    with _serve(layers["noised"], root / "tp2-serve.log", "--reload-api-key", ADMIN,
                 "--enable-layer-reload", str(root / "layers"), *tp2, env=bind) as server:
         _, before = _greedy(server, PROMPTS[:3])
-        status, answer = request_reload(server.base_url, str(layers["good"]), KEY)
+        status, answer = request_reload(server.base_url, str(layers["good"]), ADMIN)
         assert status == 200, answer
         assert len(answer["workers"]) == 2 and all("error" not in w for w in answer["workers"])
         swapped_tokens, swapped = _greedy(server, PROMPTS[:3])
@@ -212,7 +240,8 @@ def test_model_runner_v2_records_and_reloads(layers):
 
     root = layers["root"]
     with _serve(layers["noised"], root / "v2-serve.log", "--enable-layer-reload",
-                str(root / "layers"), "--record", str(root / "v2-recorded"),
+                str(root / "layers"), "--allow-unauthenticated-reload",
+                "--record", str(root / "v2-recorded"),
                 "--record-fraction", "1", env=harness_env({})) as server:
         before_tokens, before = _greedy(server)
         status, answer = request_reload(server.base_url, str(layers["good"]), None)
@@ -222,7 +251,9 @@ def test_model_runner_v2_records_and_reloads(layers):
         while record_metrics.read(server.base_url)["recorded_requests"] < len(sent):
             assert time.monotonic() < deadline, record_metrics.read(server.base_url)
             time.sleep(0.5)
-    assert "Using V2 Model Runner" in (root / "v2-serve.log").read_text()
+    log = (root / "v2-serve.log").read_text()
+    assert "Using V2 Model Runner" in log
+    assert "the MTP admin routes (/mtp/reload, /mtp/adapt) take no key" in log
     assert status == 200 and "error" not in answer["workers"][0], answer
     assert after["acceptance_rate"] > before["acceptance_rate"] + 0.3, (before, after)
     assert before_tokens == after_tokens and mismatches(layers["good"], sent) == []

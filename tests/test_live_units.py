@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -28,8 +29,10 @@ def test_options_are_taken_out_and_the_worker_extension_added(tmp_path):
     assert live.record.fraction == 0.25 and live.record.max_bytes == 2**29
     assert live.reload is None
     assert stat.S_IMODE((tmp_path / "rec").stat().st_mode) == 0o700
-    live, rest = split_live_options(["model", "--enable-layer-reload", str(tmp_path), *SPEC])
+    live, rest = split_live_options(["model", "--enable-layer-reload", str(tmp_path), *SPEC,
+                                     "--reload-api-key", "k", "--reload-min-interval", "5"])
     assert live.reload.directory == tmp_path.resolve() and live.record is None
+    assert (live.reload.api_key, live.reload.min_interval_s) == ("k", 5.0)
     assert rest[-1] == WORKER_EXTENSION
     live, rest = split_live_options(["model", "--port", "1"])
     assert not live.any and rest == ["model", "--port", "1"]
@@ -45,7 +48,15 @@ def test_options_are_taken_out_and_the_worker_extension_added(tmp_path):
     (["--record", "{d}", *SPEC, "--api-server-count", "2"], "--api-server-count 2"),
     (["--record", "{f}", *SPEC], "exists and is not a directory"),
     (["--enable-layer-reload", "{d}", *SPEC], "not a directory (layers to load"),
-    (["--enable-layer-reload", "{t}"], "--enable-layer-reload works on the MTP drafter"),
+    (["--enable-layer-reload", "{t}", "--reload-api-key", "k"],
+     "--enable-layer-reload works on the MTP drafter"),
+    (["--enable-layer-reload", "{t}", *SPEC], "give its admin routes a key of their own, "
+                                              "--reload-api-key KEY"),
+    (["--enable-layer-reload", "{t}", *SPEC, "--reload-api-key", "k",
+      "--allow-unauthenticated-reload"], "give one of them"),
+    (["--enable-layer-reload", "{t}", *SPEC, "--reload-api-key", "k",
+      "--reload-min-interval", "-1"], "give 0 or more seconds"),
+    (["--reload-api-key", "k", *SPEC], "--reload-api-key needs --enable-layer-reload DIR"),
 ])
 def test_options_refused_with_the_reason(tmp_path, argv, message):
     (tmp_path / "file").write_text("x")
@@ -256,7 +267,8 @@ def test_reload_paths_stay_below_the_directory(tmp_path):
 def test_adapt_implies_record_and_reload_and_refuses_both(tmp_path):
     live, rest = split_live_options(["model", "--adapt", str(tmp_path / "a"),
                                      "--record-fraction", "0.5", "--adapt-every-tokens", "500",
-                                     *SPEC])
+                                     "--allow-unauthenticated-reload", *SPEC])
+    assert live.reload.api_key is None
     assert live.record.directory == tmp_path / "a" / "shards" and live.record.fraction == 0.5
     assert live.reload.directory == (tmp_path / "a" / "layers").resolve()
     assert live.adapt.every_tokens == 500 and rest[-1] == WORKER_EXTENSION
@@ -276,6 +288,7 @@ def test_adapt_on_a_cpu_needs_a_sized_kv_cache(tmp_path, monkeypatch):
 
     assert platform_family() == "cpu"
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setenv("VLLM_MTP_RELOAD_API_KEY", "k")  # the reload key, from the environment
     with pytest.raises(LiveOptionError, match="VLLM_CPU_KVCACHE_SPACE=GiB"):
         split_live_options(["model", "--adapt", str(tmp_path / "a"), *SPEC])
     for sized in (["--kv-cache-memory-bytes", "4G"], ["--gpu-memory-utilization=0.3"]):
@@ -327,3 +340,105 @@ def test_recording_figures_reach_prometheus(tmp_path):
     page = parse_prometheus(generate_latest(registry).decode())
     assert page[("vllm_mtp:record_finished_requests_total", ())] == 8
     assert page[("vllm_mtp:record_active", ())] == 0
+
+
+def test_the_admin_surface_takes_its_key_bounds_its_history_and_names_no_path(tmp_path):
+    from vllm_mtp_plugin.tools.live.endpoints import LayerVersions, LiveEndpoints
+    from vllm_mtp_plugin.tools.live.options import ReloadSettings
+
+    plugin = LiveEndpoints(ReloadSettings(tmp_path, api_key="admin"))
+    assert plugin.authorized({"Authorization": "Bearer admin"})
+    for headers in ({}, {"Authorization": "Bearer inference"}, {"Authorization": "admin"},
+                    {"Authorization": "Basic admin"}):
+        assert not plugin.authorized(headers)
+    assert LiveEndpoints(ReloadSettings(tmp_path)).authorized({})  # --allow-unauthenticated-reload
+    versions = LayerVersions("/srv/model", keep=4)
+    for i in range(10):
+        versions.swapped(str(tmp_path / f"round-{i}"), {})
+    # The first (a rollback's target) and the newest three: bounded, /metrics series with them.
+    assert [layer["version"] for layer in versions.layers] == [0, 8, 9, 10]
+    plugin.versions = versions
+    assert plugin.layer_name(str(tmp_path / "round-9")) == "round-9"
+    assert plugin.layer_name("/srv/model") == "started with"
+    assert plugin.public(f"{tmp_path}/x/config.json and /srv/model") == \
+        "LAYERS/x/config.json and the served checkpoint"
+    with pytest.raises(PermissionError) as refused:
+        plugin.resolve("../elsewhere")
+    assert str(tmp_path) not in str(refused.value)
+    for bad in ("a\0b", "a\udcffb"):
+        with pytest.raises(ValueError, match="not a usable path"):
+            plugin.resolve(bad)
+
+
+def test_a_shard_is_never_written_through_a_planted_link(tmp_path):
+    """The recording directory may be shared: a link put where a shard is being written is
+    replaced, and the file it points to is left as it was."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    shard = tmp_path / "shard-1.safetensors"
+    shard.with_suffix(".partial").symlink_to(victim)
+    write_shard(shard, [[1, 2, 3]], [4], [torch.zeros(3, 8)], [2], {}, private=True)
+    assert victim.read_text() == "keep me"
+    assert stat.S_IMODE(shard.stat().st_mode) == 0o600 and not shard.is_symlink()
+    assert SequenceStore(tmp_path).tokens[0].tolist() == [1, 2, 3, 4]
+
+
+def test_the_bound_holds_when_another_server_removes_shards_meanwhile(tmp_path, monkeypatch):
+    for i in range(3):
+        write_shard(tmp_path / f"shard-{i}.safetensors", [[1, 2, 3]], [4], [torch.zeros(3, 64)],
+                    [2], {}, private=True)
+        os.utime(tmp_path / f"shard-{i}.safetensors", (i, i))
+    real_stat = type(tmp_path).stat
+
+    def stat_of(path, *args, **kwargs):
+        if path.name == "shard-0.safetensors":  # gone between the listing and its stat
+            raise FileNotFoundError(path)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(type(tmp_path), "stat", stat_of)
+    one = real_stat(tmp_path / "shard-1.safetensors").st_size
+    assert shards.enforce_bound(tmp_path, one) == ["shard-1.safetensors"]
+    assert shards.directory_bytes(tmp_path) == one
+
+
+def test_a_recording_directory_others_can_write_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(LiveOptionError, match="writable by other users \\(mode 777\\)"):
+        split_live_options(["model", "--record", str(shared), *SPEC])
+
+
+def test_adapt_stays_bounded_resumes_and_stops_a_stuck_round(tmp_path):
+    """Weeks of --adapt: old candidates and round work directories go (the serving layer and its
+    rollback target stay), a restart numbers rounds on and loads the layer that served, a round
+    process that hangs is stopped."""
+    from vllm_mtp_plugin.tools.live import adapt
+    from vllm_mtp_plugin.tools.live.endpoints import LayerVersions
+    from vllm_mtp_plugin.tools.live.options import AdaptSettings
+
+    root = tmp_path / "adapt"
+    layers = root / "layers"
+    for n in range(1, 7):
+        (layers / f"round-{n}").mkdir(parents=True)
+        (layers / f"round-{n}" / "config.json").write_text("{}")
+        (root / "rounds" / str(n) / "work").mkdir(parents=True)
+    versions = LayerVersions("/srv/model")
+    for n in (1, 2):  # round-2 serves, round-1 is its rollback target
+        versions.swapped(str((layers / f"round-{n}").resolve()), {})
+    recorder = SimpleNamespace(stats={"tokens": 0}, directory=root / "shards")
+    endpoints = SimpleNamespace(versions=versions)
+    adapter = adapt.Adapter(AdaptSettings(root, keep_rounds=2, timeout_s=0.5), recorder, endpoints)
+    assert adapter.round == 6
+    adapter._save({"event": "kept"})
+    adapter._prune()
+    assert sorted(p.name for p in layers.iterdir()) == ["round-1", "round-2", "round-5", "round-6"]
+    assert sorted(p.parent.name for p in (root / "rounds").glob("*/work")) == ["5", "6"]
+    again = adapt.Adapter(AdaptSettings(root), recorder, endpoints)
+    assert again.round == 6 and again.resume_from == (layers / "round-2").resolve()
+    assert again.history[-1]["event"] == "kept"
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="still ran after 0.5 s"):
+        asyncio.run(adapter._subprocess(["-c", "import time; time.sleep(60)"],
+                                        tmp_path / "stuck.log"))
+    assert time.monotonic() - started < 10

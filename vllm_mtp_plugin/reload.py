@@ -59,16 +59,23 @@ def check_replacement(path: str | Path, served_config: dict) -> dict:
                             "vllm-mtp train --out or vllm-mtp graft --out writes).")
     try:
         config = json.loads(config_file.read_text())
-    except ValueError as exc:
+    except (ValueError, UnicodeError) as exc:
         raise ReloadRefused(f"{config_file}: not valid JSON ({exc}).") from None
+    if not isinstance(config, dict):
+        raise ReloadRefused(f"{config_file}: holds a JSON {type(config).__name__}, not the "
+                            "object of a model's config.json.")
     problems = [f"config.json {key}: {config.get(key)!r} here, {served_config.get(key)!r} in the "
                 "served checkpoint" for key in SHAPE_FIELDS
                 if key in served_config or key in config
                 if config.get(key) != served_config.get(key)]
-    try:
-        problems += mtp_problems(path, config)
-    except CheckpointError as exc:
-        problems.append(str(exc))
+    if config.get("model_type") == served_config.get("model_type"):  # else its layout is unknown
+        try:
+            problems += mtp_problems(path, config)
+        except CheckpointError as exc:
+            problems.append(str(exc))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            problems.append(f"its files cannot be read as a checkpoint ({type(exc).__name__}: "
+                            f"{exc})")
     if problems:
         raise ReloadRefused(f"{path} cannot replace the served MTP layer(s); the old layer keeps "
                             "serving:\n" + "\n".join(f"  - {p}" for p in problems))

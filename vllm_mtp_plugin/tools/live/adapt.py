@@ -15,7 +15,12 @@ One asyncio task in the API server process, over the recorder (``recorder.py``, 
    acceptance (vLLM's counters, per version) is compared with its predecessor's: if its interval
    lies below, the predecessor is loaded back (a rollback).
 
-Every decision is logged and kept in ``DIR/adapt.json`` and ``GET /v1/mtp/adapt``.
+Every decision is logged and kept in ``DIR/adapt.json`` (the last ``HISTORY`` events) and
+``GET /mtp/adapt``. Run for weeks, the directory stays bounded besides the shards (which
+``--record-max-gb`` bounds): after each round only the serving layer, its rollback target and the
+newest ``keep_rounds`` candidates stay in ``DIR/layers``, and only the newest ``keep_rounds``
+rounds keep their work directories (trainer state). A server restarted on the same DIR numbers
+its rounds on from the last one and loads the layer that served when it stopped.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import time
 from pathlib import Path
 
 from .options import AdaptSettings
+
+HISTORY = 500  # events kept in adapt.json and /mtp/adapt
 
 
 def _logger():
@@ -52,6 +59,45 @@ def served_worse(new: dict[str, float], old: dict[str, float]) -> bool:
     return bool(a and b and a[1] < b[0])
 
 
+def _numbered(directory: Path, prefix: str) -> list[tuple[int, Path]]:
+    """``(N, path)`` of the entries ``{prefix}N`` of ``directory``."""
+    if not directory.is_dir():
+        return []
+    return [(int(p.name[len(prefix):]), p) for p in directory.iterdir()
+            if p.name.startswith(prefix) and p.name[len(prefix):].isdigit()]
+
+
+def last_round(directory: Path) -> int:
+    """The highest round number a server on this DIR used (0: none): a restart goes on from it
+    instead of failing on the rounds' existing directories."""
+    found = _numbered(directory / "rounds", "") + _numbered(directory / "layers", "round-")
+    return max((n for n, _ in found), default=0)
+
+
+def earlier_history(directory: Path) -> list[dict]:
+    """The events the last server on this DIR kept (bounded), to go on from."""
+    try:
+        history = json.loads((directory / "adapt.json").read_text()).get("history")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [e for e in history if isinstance(e, dict)][-HISTORY:] if isinstance(history, list) \
+        else []
+
+
+def serving_when_stopped(directory: Path) -> Path | None:
+    """The candidate layer that served when the last server on this DIR wrote adapt.json, if it
+    is still there (a layer of DIR/layers; the checkpoint's own needs no reload)."""
+    try:
+        serving = json.loads((directory / "adapt.json").read_text()).get("serving")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(serving, str):
+        return None
+    path = Path(serving)
+    layers = (directory / "layers").resolve()
+    return path if path.is_relative_to(layers) and (path / "config.json").is_file() else None
+
+
 def _link_shards(shards: list[Path], into: Path) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     for shard in shards:
@@ -68,15 +114,18 @@ class Adapter:
         self.recorder, self.endpoints = recorder, endpoints
         self.directory = Path(settings.directory)
         self.state = "recording"
-        self.round = 0
-        self.history: list[dict] = []
+        self.round = last_round(self.directory)
+        self.history: list[dict] = earlier_history(self.directory)
         self.task: asyncio.Task | None = None
         self.tokens_at_round = 0
+        self.resume_from = serving_when_stopped(self.directory)
 
     def status(self) -> dict:
+        versions = getattr(self.endpoints, "versions", None)
         return {"state": self.state, "round": self.round,
                 "recorded_tokens": self.recorder.stats["tokens"],
                 "next_round_at_tokens": self.tokens_at_round + self.settings.every_tokens,
+                "serving": versions.current["path"] if versions else None,
                 "history": self.history}
 
     def start(self) -> None:
@@ -85,10 +134,25 @@ class Adapter:
 
     def _save(self, event: dict) -> None:
         self.history.append({"time": time.time(), "round": self.round, **event})
+        del self.history[:-HISTORY]
         (self.directory / "adapt.json").write_text(json.dumps(self.status(), indent=1))
         _logger().info("vllm-mtp adapt: %s", json.dumps(event))
 
+    async def _resume(self) -> None:
+        """Load the layer that served when the server on this DIR stopped (a candidate it had
+        swapped in), so a restart does not fall back to the checkpoint's own."""
+        if self.resume_from is None:
+            return
+        status, answer = await self.endpoints.reload(str(self.resume_from))
+        self._save({"event": "resumed" if status == 200 else "resume failed",
+                    "layer": str(self.resume_from), "answer_status": status,
+                    **({"error": answer.get("error")} if status != 200 else {})})
+
     async def _run(self) -> None:
+        try:
+            await self._resume()
+        except Exception as exc:  # noqa: BLE001 - the server goes on with its own layer
+            self._save({"event": "resume failed", "error": f"{type(exc).__name__}: {exc}"})
         while True:
             try:
                 await self._step()
@@ -97,7 +161,28 @@ class Adapter:
             except Exception as exc:  # noqa: BLE001 - the server goes on; the round is dropped
                 self.state = "recording"
                 self._save({"event": "failed", "error": f"{type(exc).__name__}: {exc}"})
+            self._prune()
             await asyncio.sleep(self.settings.poll_s)
+
+    def _prune(self) -> None:
+        """Remove what the next rounds do not need (module docstring); the serving layer and
+        the layers the version history may roll back to stay."""
+        import shutil
+
+        versions = self.endpoints.versions
+        if versions is None:
+            return
+        needed = {Path(layer["path"]).resolve() for layer in versions.layers[-2:]}
+        keep = self.settings.keep_rounds
+        candidates = sorted(_numbered(self.directory / "layers", "round-"))
+        for number, path in candidates[:-keep] if keep else candidates:
+            if path.resolve() not in needed:
+                shutil.rmtree(path, ignore_errors=True)
+        rounds = sorted(_numbered(self.directory / "rounds", ""))
+        for number, path in rounds[:-keep] if keep else rounds:
+            shutil.rmtree(path / "work", ignore_errors=True)
+        versions.layers[1:-2] = [layer for layer in versions.layers[1:-2]
+                                 if Path(layer["path"]).exists()]
 
     async def _step(self) -> None:
         recorded = self.recorder.stats["tokens"]
@@ -181,6 +266,10 @@ class Adapter:
             await asyncio.sleep(self.settings.poll_s)
 
     async def _subprocess(self, args: list[str], log: Path) -> None:
+        """Run a round's process at a lower priority; stopped (with its children) after
+        ``timeout_s``."""
+        import signal
+
         threads = str(self.settings.threads)
         env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
                "CUDA_VISIBLE_DEVICES": os.environ.get("VLLM_MTP_ADAPT_DEVICES", "")}
@@ -188,8 +277,15 @@ class Adapter:
         with open(log, "w") as out:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, *args, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
-                preexec_fn=lambda: os.nice(10))
-            code = await process.wait()
+                preexec_fn=lambda: os.nice(10), start_new_session=True)
+            try:
+                code = await asyncio.wait_for(process.wait(), self.settings.timeout_s)
+            except asyncio.TimeoutError:
+                os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+                raise RuntimeError(f"{' '.join(args[:4])} still ran after "
+                                   f"{self.settings.timeout_s:g} s (--adapt-timeout-minutes); "
+                                   f"stopped (log: {log})") from None
         if code != 0:
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             raise RuntimeError(f"{' '.join(args[:4])} failed (exit {code}): {tail[0]} "

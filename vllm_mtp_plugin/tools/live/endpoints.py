@@ -1,14 +1,19 @@
-"""HTTP routes ``vllm-mtp serve`` adds: ``POST /v1/mtp/reload`` and ``GET /v1/mtp/layer``, and the
-drafter layer's version and per-version acceptance on ``/metrics``.
+"""HTTP routes ``vllm-mtp serve`` adds: ``POST /mtp/reload``, ``GET /mtp/layer`` and ``GET
+/mtp/adapt``, and the drafter layer's version and per-version acceptance on ``/metrics``.
 
 Built on vLLM's endpoint-plugin contract (``vllm/plugins/endpoint_plugins/interface.py``:
 ``attach_router`` adds the routes when vLLM builds the app, ``init_state`` receives the engine
 client) and reaching the workers the way that contract names, ``collective_rpc`` to a method of
-the worker extension (``vllm_mtp_plugin.live_worker``). The routes live under ``/v1``, so vLLM's
-``--api-key`` guards them (``serve/middleware/authenticate.py``). They exist only when the server
-was started with ``--enable-layer-reload DIR``, and read layers from below DIR only.
-"""
+the worker extension (``vllm_mtp_plugin.live_worker``). They exist only when the server was
+started with ``--enable-layer-reload DIR`` (or ``--adapt``), and read layers from below DIR only.
 
+The routes change the server, so they are closed by a key of their own (``--reload-api-key``),
+checked here: they sit outside the prefixes vLLM's ``--api-key`` guards (``/v1`` and others,
+``serve/middleware/authenticate.py``), so an inference client's key opens none of them. Without
+a key the server does not start unless told ``--allow-unauthenticated-reload``. A reload over
+HTTP is refused with 429 for ``min_interval_s`` after the last one; the versions kept (and their
+series on ``/metrics``) are bounded; answers name no path of the server's disk.
+"""
 
 import asyncio
 import json
@@ -17,9 +22,9 @@ from pathlib import Path
 
 from .options import ReloadSettings
 
-RELOAD_ROUTE = "/v1/mtp/reload"
-LAYER_ROUTE = "/v1/mtp/layer"
-ADAPT_ROUTE = "/v1/mtp/adapt"
+RELOAD_ROUTE = "/mtp/reload"
+LAYER_ROUTE = "/mtp/layer"
+ADAPT_ROUTE = "/mtp/adapt"
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
             "vllm:spec_decode_num_accepted_tokens")
 
@@ -45,17 +50,22 @@ class LayerVersions:
     between two engine steps: the drafts of the step just before it are verified just after,
     one step that counts for the new version."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, keep: int = 32):
         self.layers = [{"version": 0, "path": path, "since": time.time(), "start": None}]
+        self.keep = max(keep, 2)
 
     @property
     def current(self) -> dict:
         return self.layers[-1]
 
     def swapped(self, path: str, counters: dict[str, float]) -> dict:
+        """The new version; only the first (what a rollback may return to) and the newest
+        ``keep - 1`` are kept, so the history and its /metrics series stay bounded."""
         self.current["end"] = counters
-        self.layers.append({"version": len(self.layers), "path": path, "since": time.time(),
-                            "start": counters})
+        self.layers.append({"version": self.current["version"] + 1, "path": path,
+                            "since": time.time(), "start": counters})
+        if len(self.layers) > self.keep:
+            del self.layers[1:len(self.layers) - self.keep + 1]
         return self.current
 
     def by_version(self, now: dict[str, float]) -> list[tuple[int, dict[str, float]]]:
@@ -96,8 +106,9 @@ class VersionCollector:
     """Prometheus collector: ``vllm_mtp:drafter_layer_version`` and, per version,
     ``vllm_mtp:spec_decode_num_{drafts,draft_tokens,accepted_tokens}_by_layer_total``."""
 
-    def __init__(self, versions: LayerVersions, registry):
+    def __init__(self, versions: LayerVersions, registry, name_of=str):
         self.versions, self.registry, self._inside = versions, registry, False
+        self.name_of = name_of  # a layer's name on /metrics, which anyone may read: no path
 
     def describe(self):
         """The names, without values: ``registry.register`` asks for them under the registry's
@@ -105,7 +116,7 @@ class VersionCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         yield GaugeMetricFamily("vllm_mtp:drafter_layer_version", "")
-        yield GaugeMetricFamily("vllm_mtp:drafter_layer_info", "", labels=["version", "path"])
+        yield GaugeMetricFamily("vllm_mtp:drafter_layer_info", "", labels=["version", "layer"])
         for name in COUNTERS:
             yield CounterMetricFamily(f"vllm_mtp:{name.split(':', 1)[1]}_by_layer", "",
                                       labels=["version"])
@@ -124,10 +135,12 @@ class VersionCollector:
                                     "Version of the MTP layer serving (0: the one started with)")
         version.add_metric([], self.versions.current["version"])
         yield version
-        info = GaugeMetricFamily("vllm_mtp:drafter_layer_info", "Path of each layer version",
-                                 labels=["version", "path"])
+        info = GaugeMetricFamily("vllm_mtp:drafter_layer_info",
+                                 "Each layer version: its checkpoint's path below the reload "
+                                 "directory (\"started with\": the served checkpoint's)",
+                                 labels=["version", "layer"])
         for layer in self.versions.layers:
-            info.add_metric([str(layer["version"]), layer["path"]],
+            info.add_metric([str(layer["version"]), self.name_of(layer["path"])],
                             1.0 if layer is self.versions.current else 0.0)
         yield info
         families = {name: CounterMetricFamily(
@@ -152,12 +165,32 @@ class LiveEndpoints:
         self.versions: LayerVersions | None = None
         self.served: dict = {}
         self.adapter = None  # adapt.Adapter, started with the server (``--adapt``)
+        self.last_http_reload = float("-inf")  # monotonic time a reload over HTTP began loading
+
+    def authorized(self, headers) -> bool:
+        """The request carries the reload key (``Authorization: Bearer KEY``), compared in
+        constant time; every request is, where the operator allowed unauthenticated reloads."""
+        import hashlib
+        import secrets
+
+        if self.settings.api_key is None:
+            return True
+        scheme, _, given = (headers.get("Authorization") or "").partition(" ")
+        digest = hashlib.sha256
+        return scheme.lower() == "bearer" and secrets.compare_digest(
+            digest(given.encode("utf-8", "surrogatepass")).digest(),
+            digest(self.settings.api_key.encode("utf-8", "surrogatepass")).digest())
 
     def attach_router(self, app) -> None:
-        from fastapi import APIRouter, Request
+        from fastapi import APIRouter, Depends, HTTPException, Request
         from fastapi.responses import JSONResponse
 
-        router = APIRouter()
+        def admin(request: Request) -> None:
+            if not self.authorized(request.headers):
+                raise HTTPException(401, "Unauthorized: the MTP admin routes take the reload key "
+                                         "(vllm-mtp serve --reload-api-key), not an inference key")
+
+        router = APIRouter(dependencies=[Depends(admin)])
 
         @router.post(RELOAD_ROUTE)
         async def reload(request: Request):
@@ -166,8 +199,11 @@ class LiveEndpoints:
                 path = body["path"]
             except (ValueError, KeyError, TypeError):
                 return JSONResponse({"error": 'send {"path": "<checkpoint directory>"}'}, 400)
-            status, answer = await self.reload(str(path))
-            return JSONResponse(answer, status)
+            if not isinstance(path, str) or not path:
+                return JSONResponse({"error": 'send {"path": "<checkpoint directory>"}'}, 400)
+            status, answer = await self.reload(path, over_http=True)
+            headers = {"Retry-After": str(answer["retry_after"])} if status == 429 else None
+            return JSONResponse(answer, status, headers=headers)
 
         @router.get(LAYER_ROUTE)
         async def layer():
@@ -190,10 +226,15 @@ class LiveEndpoints:
         self.engine = engine_client
         if engine_client is None:
             return
+        if self.settings.api_key is None:
+            _logger().warning("vllm-mtp serve: the MTP admin routes (%s, %s) take no key "
+                              "(--allow-unauthenticated-reload): anyone who reaches this port "
+                              "can replace the drafter", RELOAD_ROUTE, ADAPT_ROUTE)
         self.served = served_config(engine_client.model_config)
-        self.versions = LayerVersions(served_model_dir(engine_client.model_config))
+        self.versions = LayerVersions(served_model_dir(engine_client.model_config),
+                                      self.settings.max_versions)
         registry = get_prometheus_registry()
-        registry.register(VersionCollector(self.versions, registry))
+        registry.register(VersionCollector(self.versions, registry, self.layer_name))
         if self.adapter is not None:
             self.adapter.start()
 
@@ -202,16 +243,37 @@ class LiveEndpoints:
         before (a rollback: the checkpoint the server started with lies elsewhere), else
         ``PermissionError``."""
         root = self.settings.directory
-        path = Path(given).expanduser()
-        path = (path if path.is_absolute() else root / path).resolve()
+        try:
+            path = Path(given).expanduser()
+            path = (path if path.is_absolute() else root / path).resolve()
+            str(path).encode()
+        except (ValueError, UnicodeError, OSError, RuntimeError) as exc:
+            raise ValueError(f"{given!r} is not a usable path ({type(exc).__name__}).") from None
         served = {layer["path"] for layer in self.versions.layers} if self.versions else set()
         if not path.is_relative_to(root) and str(path) not in served:
-            raise PermissionError(f"{given}: outside {root}, the directory this server reads "
-                                  "layers from (--enable-layer-reload), and no layer that served "
-                                  "here; copy or train the layer into it.")
+            raise PermissionError(f"{given}: outside the directory this server reads layers "
+                                  "from (--enable-layer-reload), and no layer that served here; "
+                                  "copy or train the layer into it.")
         return path
 
-    async def reload(self, given: str) -> tuple[int, dict]:
+    def layer_name(self, path: str) -> str:
+        """A layer as answers and /metrics show it: its path below the reload directory, else
+        "started with" (the served checkpoint): no path of the server's disk."""
+        try:
+            return str(Path(path).relative_to(self.settings.directory))
+        except ValueError:
+            return "started with"
+
+    def public(self, text: str) -> str:
+        """``text`` with the server's own paths replaced by the names a client knows."""
+        text = text.replace(str(self.settings.directory), "LAYERS")
+        if self.versions is not None:
+            text = text.replace(self.versions.layers[0]["path"], "the served checkpoint")
+        return text
+
+    async def reload(self, given: str, over_http: bool = False) -> tuple[int, dict]:
+        """Check, then load ``given`` in every worker. ``over_http``: a client's reload, which
+        starts the --reload-min-interval clock (--adapt's own swaps and rollbacks do not)."""
         from vllm_mtp_plugin.reload import ReloadRefused, check_replacement
 
         from vllm.v1.metrics.prometheus import get_prometheus_registry
@@ -221,14 +283,25 @@ class LiveEndpoints:
         try:
             path = self.resolve(given)
         except PermissionError as exc:
-            return 403, {"error": str(exc)}
+            return 403, {"error": self.public(str(exc))}
+        except ValueError as exc:
+            return 400, {"error": self.public(str(exc))}
         async with self.lock:
             try:
                 await asyncio.to_thread(check_replacement, path, self.served)
             except ReloadRefused as exc:
                 _logger().warning("vllm-mtp reload refused: %s", exc)
-                return 400, {"error": str(exc), "version": self.versions.current["version"]}
+                return 400, {"error": self.public(str(exc)),
+                             "version": self.versions.current["version"]}
             started = time.monotonic()
+            wait = self.settings.min_interval_s - (started - self.last_http_reload)
+            if over_http and wait > 0:
+                return 429, {"error": f"one reload per {self.settings.min_interval_s:g} s "
+                                      "(--reload-min-interval); try again later",
+                             "retry_after": max(1, int(wait + 0.999)),
+                             "version": self.versions.current["version"]}
+            if over_http:
+                self.last_http_reload = started
             results = await self.engine.collective_rpc("reload_mtp_layer",
                                                        args=(str(path), self.served))
             errors = [r["error"] for r in results if isinstance(r, dict) and "error" in r]
@@ -236,7 +309,7 @@ class LiveEndpoints:
                 _logger().error("vllm-mtp reload of %s failed on %d worker(s): %s", path,
                                 len(errors), errors[0])
                 return 400 if all(r.get("refused") for r in results if "error" in r) else 500, {
-                    "error": errors[0], "workers_failed": len(errors),
+                    "error": self.public(errors[0]), "workers_failed": len(errors),
                     "version": self.versions.current["version"]}
             layer = self.versions.swapped(str(path), vllm_counters(get_prometheus_registry()))
             layer["prefix_cache_reset"] = await self.engine.reset_prefix_cache()

@@ -12,9 +12,19 @@ from pathlib import Path
 WORKER_EXTENSION = "vllm_mtp_plugin.live_worker.LiveWorkerExtension"
 
 
+RELOAD_KEY_ENV = "VLLM_MTP_RELOAD_API_KEY"
+
+
 @dataclasses.dataclass
 class ReloadSettings:
     directory: Path  # layers are read from below it only
+    # The key of the admin routes (``/mtp/*``), apart from vLLM's --api-key: inference clients
+    # cannot change the server. None only with --allow-unauthenticated-reload.
+    api_key: str | None = None
+    # A reload reads the whole layer and pauses every rank: at most one per this many seconds
+    # from HTTP (429 with Retry-After); --adapt's own swaps and rollbacks are not held back.
+    min_interval_s: float = 30.0
+    max_versions: int = 32  # versions kept for /mtp/layer, /metrics and rollback
 
 
 @dataclasses.dataclass
@@ -27,6 +37,12 @@ class AdaptSettings:
     window_drafts: int = 2000
     min_heldout_tokens: int = 2000
     poll_s: float = 2.0
+    # A training or evaluation process still running after this long is stopped and its round
+    # dropped (the server goes on).
+    timeout_s: float = 6 * 3600.0
+    # Candidate layers kept besides the serving one and the rollback target, and rounds whose
+    # work directories (trainer state with optimizer moments) are kept: older ones are removed.
+    keep_rounds: int = 3
 
 
 @dataclasses.dataclass
@@ -90,10 +106,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--adapt-heldout-tokens", metavar="N", type=int, default=2000,
                    help="tokens recorded after a round's data before its candidate is evaluated "
                         "on them (default %(default)s)")
+    p.add_argument("--adapt-timeout-minutes", metavar="M", type=float,
+                   default=AdaptSettings.timeout_s / 60,
+                   help="stop a round's training or evaluation process after M minutes and drop "
+                        "the round (default %(default)g)")
+    p.add_argument("--adapt-keep-rounds", metavar="N", type=int, default=AdaptSettings.keep_rounds,
+                   help="candidate layers and round work directories kept besides the serving "
+                        "layer and its rollback target; older ones are removed (default "
+                        "%(default)s)")
     p.add_argument("--enable-layer-reload", metavar="DIR",
-                   help="accept POST /v1/mtp/reload (vllm-mtp reload URL OUT): replace the "
+                   help="accept POST /mtp/reload (vllm-mtp reload URL OUT): replace the "
                         "drafter's MTP layer(s) with those of a checkpoint below DIR, without a "
-                        "restart; behind --api-key when one is set")
+                        "restart; needs --reload-api-key")
+    p.add_argument("--reload-api-key", metavar="KEY", default=None,
+                   help="the key of the admin routes /mtp/reload, /mtp/layer and /mtp/adapt "
+                        "(sent as Authorization: Bearer KEY), apart from vLLM's --api-key, so "
+                        f"inference clients cannot change the server (default: ${RELOAD_KEY_ENV})")
+    p.add_argument("--allow-unauthenticated-reload", action="store_true",
+                   help="serve the admin routes without a key: anyone who reaches the port can "
+                        "replace the drafter (warned at every start)")
+    p.add_argument("--reload-min-interval", metavar="S", type=float,
+                   default=ReloadSettings.min_interval_s,
+                   help="seconds between two reloads asked over HTTP; sooner ones get 429 with "
+                        "Retry-After (default %(default)s)")
     return p
 
 
@@ -131,6 +166,11 @@ def split_live_options(argv: list[str]) -> tuple[LiveSettings, list[str]]:
     given = [a for a in argv if a.split("=", 1)[0].startswith("--record")]
     if ours.record is None and given:
         raise LiveOptionError(f"{given[0].split('=', 1)[0]} needs --record DIR.")
+    given = [a for a in argv if a.split("=", 1)[0] in (
+        "--reload-api-key", "--allow-unauthenticated-reload", "--reload-min-interval")]
+    if ours.enable_layer_reload is None and given:
+        raise LiveOptionError(f"{given[0].split('=', 1)[0]} needs --enable-layer-reload DIR "
+                              "or --adapt DIR.")
     settings = LiveSettings(record=_record_settings(ours) if ours.record else None,
                             reload=_reload_settings(ours) if ours.enable_layer_reload else None,
                             adapt=_adapt_settings(ours) if ours.adapt else None)
@@ -193,6 +233,11 @@ def _record_settings(ours) -> RecordSettings:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not os.access(directory, os.W_OK):
         raise LiveOptionError(f"--record {directory}: not writable by this user.")
+    mode = directory.stat().st_mode & 0o777
+    if mode & 0o022:
+        raise LiveOptionError(f"--record {directory}: writable by other users (mode {mode:o}), "
+                              "who could replace or add shards of served traffic; chmod 700 it "
+                              "or give a new directory.")
     return RecordSettings(directory=directory, fraction=ours.record_fraction,
                           max_bytes=int(ours.record_max_gb * 2**30), seed=ours.record_seed)
 
@@ -203,7 +248,7 @@ def _adapt_implies(ours) -> None:
         raise LiveOptionError("--adapt DIR records into DIR/shards and reloads from DIR/layers; "
                               "leave out --record and --enable-layer-reload.")
     for name in ("adapt_every_tokens", "adapt_steps", "adapt_threads", "adapt_window_drafts",
-                 "adapt_heldout_tokens"):
+                 "adapt_heldout_tokens", "adapt_timeout_minutes", "adapt_keep_rounds"):
         if getattr(ours, name) < 1:
             raise LiveOptionError(f"--{name.replace('_', '-')} {getattr(ours, name)}: give 1 or "
                                   "more.")
@@ -220,12 +265,28 @@ def _adapt_settings(ours) -> AdaptSettings:
     return AdaptSettings(directory=Path(ours.adapt).expanduser(),
                          every_tokens=ours.adapt_every_tokens, threads=ours.adapt_threads,
                          steps=ours.adapt_steps, window_drafts=ours.adapt_window_drafts,
-                         min_heldout_tokens=ours.adapt_heldout_tokens)
+                         min_heldout_tokens=ours.adapt_heldout_tokens,
+                         timeout_s=ours.adapt_timeout_minutes * 60,
+                         keep_rounds=ours.adapt_keep_rounds)
 
 
 def _reload_settings(ours) -> ReloadSettings:
+    what = "--adapt" if ours.adapt else "--enable-layer-reload"
     directory = Path(ours.enable_layer_reload).expanduser()
     if not directory.is_dir():
-        raise LiveOptionError(f"--enable-layer-reload {directory}: not a directory (layers to "
-                              "load are looked for below it).")
-    return ReloadSettings(directory=directory.resolve())
+        raise LiveOptionError(f"{what} {directory}: not a directory (layers to load are looked "
+                              "for below it).")
+    key = ours.reload_api_key or os.environ.get(RELOAD_KEY_ENV) or None
+    if key is None and not ours.allow_unauthenticated_reload:
+        raise LiveOptionError(
+            f"{what} lets a client replace the drafter: give its admin routes a key of their own, "
+            f"--reload-api-key KEY (or {RELOAD_KEY_ENV} in the environment; vLLM's --api-key "
+            "stays the inference clients' key), or say --allow-unauthenticated-reload (anyone "
+            "who reaches the port can then do it).")
+    if key is not None and ours.allow_unauthenticated_reload:
+        raise LiveOptionError("--allow-unauthenticated-reload and a reload key: give one of them.")
+    if ours.reload_min_interval < 0:
+        raise LiveOptionError(f"--reload-min-interval {ours.reload_min_interval:g}: give 0 or "
+                              "more seconds.")
+    return ReloadSettings(directory=directory.resolve(), api_key=key,
+                          min_interval_s=ours.reload_min_interval)

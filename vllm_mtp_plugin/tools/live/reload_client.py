@@ -2,8 +2,9 @@
 draft with CHECKPOINT's MTP layer(s), without a restart.
 
 The server reads CHECKPOINT from its own disk (below DIR): give a path both machines see (shared
-storage), or one relative to DIR. With ``--api-key`` on the server, pass the same key
-(``--api-key``, or ``VLLM_API_KEY`` / ``OPENAI_API_KEY`` in the environment).
+storage), or one relative to DIR. Pass the server's reload key (its ``--reload-api-key``, not the
+inference clients' ``--api-key``): ``--reload-api-key``, or ``VLLM_MTP_RELOAD_API_KEY`` in the
+environment.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from .endpoints import RELOAD_ROUTE
+from .options import RELOAD_KEY_ENV
 
 
 def reload_url(url: str) -> str:
@@ -49,9 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000 (or its /v1 base URL)")
     p.add_argument("checkpoint", help="checkpoint directory with the new MTP layer(s), e.g. "
                                       "what vllm-mtp train --out wrote")
-    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY")
-                   or os.environ.get("OPENAI_API_KEY"))
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--reload-api-key", "--api-key", dest="api_key", metavar="KEY",
+                   default=os.environ.get(RELOAD_KEY_ENV),
+                   help="the server's reload key (vllm-mtp serve --reload-api-key; default: "
+                        f"${RELOAD_KEY_ENV})")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds to wait for the server's answer (default %(default)s)")
     args = p.parse_args(argv)
     try:
         status, answer = request_reload(args.url, args.checkpoint, args.api_key, args.timeout)
@@ -62,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"version {answer['version']} serves: {answer['path']} ({answer['seconds']:.2f} s, "
               f"{len(answer.get('workers') or [])} worker(s))")
         return 0
+    if status == 429:
+        print(f"vllm-mtp reload: too soon after the last reload: {answer.get('error')}")
+        return 1
     if status == 404:
         print(f"vllm-mtp reload: {reload_url(args.url)} does not exist: start the server with "
               "vllm-mtp serve ... --enable-layer-reload DIR")

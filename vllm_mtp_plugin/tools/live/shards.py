@@ -68,19 +68,32 @@ def remove_leftovers(directory: Path) -> list[str]:
     return removed
 
 
+def _shards(directory: Path) -> list[tuple[float, str, int, Path]]:
+    """``(mtime, name, bytes, path)`` of each shard, oldest first; one another server sharing the
+    directory removes meanwhile is left out, not an error."""
+    found = []
+    for path in directory.glob(SHARD_GLOB):
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            continue
+        found.append((info.st_mtime, path.name, info.st_size, path))
+    return sorted(found)
+
+
 def directory_bytes(directory: Path) -> int:
-    return sum(p.stat().st_size for p in directory.glob(SHARD_GLOB))
+    return sum(size for _, _, size, _ in _shards(directory))
 
 
 def enforce_bound(directory: Path, max_bytes: int) -> list[str]:
     """Remove the oldest shards until the rest fit in ``max_bytes``; the newest always stays."""
-    shards = sorted(directory.glob(SHARD_GLOB), key=lambda p: (p.stat().st_mtime, p.name))
-    total = sum(p.stat().st_size for p in shards)
+    shards = _shards(directory)
+    total = sum(size for _, _, size, _ in shards)
     removed = []
-    for path in shards[:-1]:
+    for _, name, size, path in shards[:-1]:
         if total <= max_bytes:
             break
-        total -= path.stat().st_size
+        total -= size
         path.unlink(missing_ok=True)
-        removed.append(path.name)
+        removed.append(name)
     return removed

@@ -135,10 +135,12 @@ def write_shard(path: Path, sequences: list[list[int]], next_tokens: list[int],
                 hidden: list[torch.Tensor], prompt_lengths: list[int], metadata: dict,
                 drafter_output: list[torch.Tensor] | None = None, private: bool = False) -> None:
     """Write under a temporary name, then rename: a reader never sees half a shard.
-    ``private``: readable by the owner only from its first byte (recorded traffic)."""
+    ``private``: readable by the owner only from its first byte (recorded traffic). The
+    temporary file is created new (``O_EXCL``) and never through a link (``O_NOFOLLOW``): a
+    link planted under its name in a shared directory is replaced, not written through."""
     import os
 
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     tokens = torch.tensor([t for seq, nxt in zip(sequences, next_tokens) for t in (*seq, nxt)])
     tensors = {"tokens": tokens, "hidden": torch.cat(hidden).contiguous(),
@@ -146,11 +148,17 @@ def write_shard(path: Path, sequences: list[list[int]], next_tokens: list[int],
                "prompt_lengths": torch.tensor(prompt_lengths)}
     if drafter_output is not None:
         tensors["drafter_output"] = torch.cat(drafter_output).contiguous()
+    data = save(tensors, metadata={"format": DATA_FORMAT,
+                                   **{k: json.dumps(v) for k, v in metadata.items()}})
     tmp = path.with_suffix(".partial")
-    if private:  # created 0600 before any data goes in; save_file keeps the mode
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
-    save_file(tensors, str(tmp), metadata={"format": DATA_FORMAT,
-                                           **{k: json.dumps(v) for k, v in metadata.items()}})
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(tmp, flags, 0o600 if private else 0o644)
+    except FileExistsError:  # a leftover, or a link someone put there: removed, not followed
+        tmp.unlink()
+        fd = os.open(tmp, flags, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
     tmp.rename(path)
 
 
