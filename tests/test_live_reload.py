@@ -152,7 +152,7 @@ def test_after_the_swap_it_drafts_exactly_as_a_server_started_with_that_layer(sw
     assert after["acceptance_rate"] > before["acceptance_rate"] + 0.3, (before, after)
 
 
-def test_a_layer_that_does_not_fit_is_refused_and_the_old_one_keeps_serving(swapped):
+def test_a_layer_that_does_not_fit_is_refused_and_the_old_one_keeps_serving(swapped, layers):
     refusals = swapped["refusals"]
     status, answer = refusals["outside"]
     assert status == 403 and "outside" in answer["error"] and "--enable-layer-reload" in answer[
