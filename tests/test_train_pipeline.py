@@ -252,6 +252,14 @@ def test_train_finishes_without_matplotlib(models, data, tmp_path, monkeypatch, 
     assert "not drawn: matplotlib is not installed (pip install matplotlib" in capsys.readouterr().err
 
 
+def test_too_little_data_is_a_refusal_not_a_traceback(models, data, tmp_path, capsys):
+    assert cli.main([str(models[0]), "--data", str(data), "--out", str(tmp_path / "out"),
+                     "--steps", "4", "--batch-size", "64", "--quiet"]) == 2
+    out = capsys.readouterr().out
+    assert "training sequences, fewer than one batch (64)" in out and "vllm-mtp train: " in out
+    assert "--batch-size" in out and "Traceback" not in out
+
+
 class _RunsCode:
     """A pickled object whose load would run code (writes a file)."""
 

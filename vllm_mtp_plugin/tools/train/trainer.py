@@ -21,6 +21,7 @@ import torch
 from .data import SequenceStore
 from .model import MtpTrainModel
 from .optim import ExpertLoadBalancer, OptimizerSettings, learning_rate
+from .target import TrainInputError
 
 CHECKPOINT = "trainer-state.pt"
 BEST_LAYERS = "best-layers.pt"
@@ -155,9 +156,10 @@ def load_state(path: Path):
         return torch.load(path, weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{path}: not a state this trainer wrote (read as data only, it holds "
-                         f"something else: {first[:200]}); remove it to train from the start, "
-                         "and check who else writes to this work directory.") from None
+        raise TrainInputError(f"{path}: not a state this trainer wrote (read as data only, it "
+                              f"holds something else: {first[:200]}); remove it to train from "
+                              "the start, and check who else writes to this work directory."
+                              ) from None
 
 
 def _restore(model: MtpTrainModel, optimizer, saved: dict) -> None:
@@ -185,9 +187,10 @@ def train(model: MtpTrainModel, store: SequenceStore, settings: TrainSettings, w
     balancer = Balancer(model, settings.bias_update_speed)
     train_ids, held_ids = split(len(store), settings.held_out_fraction)
     if len(train_ids) < settings.batch_size:
-        raise ValueError(f"{len(train_ids)} training sequences, fewer than one batch "
-                         f"({settings.batch_size}); collect more (more prompts or "
-                         "--samples-per-prompt).")
+        raise TrainInputError(f"{len(train_ids)} training sequences, fewer than one batch "
+                              f"({settings.batch_size}); collect more (more prompts or "
+                              "--samples-per-prompt, more recorded traffic) or give a smaller "
+                              "--batch-size.")
     history = {"step": [], "loss": [], "evaluations": [], "trainable_parameters": trainable,
                "train_sequences": len(train_ids), "held_out_sequences": len(held_ids)}
     start = 0
@@ -195,8 +198,8 @@ def train(model: MtpTrainModel, store: SequenceStore, settings: TrainSettings, w
     if state_path.exists():
         saved = load_state(state_path)
         if saved["settings"] != dataclasses.asdict(settings):
-            raise ValueError(f"{state_path} was written with other settings; remove it or "
-                             "train with the same options.")
+            raise TrainInputError(f"{state_path} was written with other settings; remove it or "
+                                  "train with the same options.")
         _restore(model, optimizer, saved)
         history, start = saved["history"], saved["step"]
     gen = torch.Generator().manual_seed(settings.seed)
