@@ -73,6 +73,27 @@ def _environment_as_the_suite_started():
             os.environ[name] = value
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _worker_class_without_earlier_extensions():
+    """vLLM adds an engine's worker extension class to the worker class's bases for the rest of
+    the process (``v1/worker/worker_base.py`` ~296-316), and a later engine in the same process
+    with another extension class fails its conflict check ("already has an attribute
+    start_mtp_recording"). Users run one engine per process; the suite's in-process engines of
+    one module after another's take the plugin's extensions out first."""
+    import sys
+
+    module = sys.modules.get("vllm.v1.worker.cpu_worker")
+    if module is not None:
+        from vllm_mtp_plugin.recording import RecordingWorkerExtension
+
+        worker = module.CPUWorker
+        kept = tuple(base for base in worker.__bases__
+                     if not issubclass(base, RecordingWorkerExtension))
+        if kept != worker.__bases__:
+            worker.__bases__ = kept
+    yield
+
+
 @pytest.fixture
 def plugin_log(caplog, monkeypatch):
     """caplog on the plugin's logger, which vLLM's logging setup may cut off from the root
