@@ -58,8 +58,22 @@ def _engine_config(model, dtype: str, **kwargs):
                       **kwargs).create_engine_config()
 
 
-def test_an_fp32_engine_is_configured_for_cpu_mla(as_on_amx, checkpoints, capfd):
+def test_an_fp32_engine_is_configured_for_cpu_mla(as_on_amx, checkpoints, monkeypatch):
+    import logging
+
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    said = []  # the patch's own lines (vLLM's logging set-up may leave no handler a test sees)
+
+    class Kept(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    logger = logging.getLogger("test_amx_mla_dtype")
+    logger.addHandler(Kept())
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    monkeypatch.setattr(amx_mla_dtype, "logger", logger)
 
     model = checkpoints("oracle")
     fp32 = _engine_config(model, "float32")
@@ -73,9 +87,8 @@ def test_an_fp32_engine_is_configured_for_cpu_mla(as_on_amx, checkpoints, capfd)
     assert bf16.cache_config.block_size == 128 and bf16.cache_config.enable_prefix_caching
     named = _engine_config(model, "float32", attention_backend="AMX_MLA")
     assert named.attention_config.backend == AttentionBackendEnum.CPU_MLA
-    # vLLM's logging set-up, made while building the config, prints the plugin's warning.
-    assert "mla_dtype_on_amx: MLA in torch.float32 runs on CPU_MLA (AMX_MLA holds bfloat16 " \
-        "weights only)" in "".join(capfd.readouterr())
+    assert "vllm-mtp-plugin: mla_dtype_on_amx: MLA in torch.float32 runs on CPU_MLA (AMX_MLA " \
+        "holds bfloat16 weights only)" in said
 
 
 def test_not_applied_without_amx(monkeypatch):
