@@ -3,6 +3,7 @@ where they came from and hold no host path, and acceptance intervals are compute
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,77 @@ def test_median_interval_is_the_sign_tests_order_statistics():
     assert median_interval(range(1, 61)) == (22, 39)
     assert median_interval([*range(1, 60), 10_000]) == (22, 39)
     assert median_interval(range(6)) == (0, 5) and median_interval(range(5)) is None
+
+
+def test_tables_check_runs_in_a_plain_clone_with_the_standard_library_only(tmp_path):
+    """No install, no PYTHONPATH, no site-packages (``-I -S``: neither an installed copy of the
+    package nor numpy, matplotlib or vLLM): the docs are checked from the clone's own files."""
+    import shutil
+
+    clone = tmp_path / "clone"
+    skip = shutil.ignore_patterns("__pycache__", "*.safetensors", "*.pyc")
+    for part in ("benchmarks", "docs", "vllm_mtp_plugin"):
+        shutil.copytree(ROOT / part, clone / part, ignore=skip)
+    shutil.copy(ROOT / "README.md", clone / "README.md")
+    done = subprocess.run([sys.executable, "-I", "-S", str(clone / "benchmarks/tables.py"),
+                           "--check"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    blocked = subprocess.run([sys.executable, "-I", "-S", "-c", "import numpy"],
+                             capture_output=True, text=True)
+    assert blocked.returncode != 0  # the run above had no third-party package to lean on
+
+
+def _stored(relative: str) -> list[dict]:
+    return json.loads((ROOT / relative).read_text())["results"]
+
+
+def test_the_docs_pool_baselines_and_derive_ratios_as_the_bench_does():
+    """Pooled over every k = 0 row, the docs' own baseline and ratios are the stored ones: the
+    re-derivation that leaves a shared row out computes what the bench computes."""
+    import copy
+
+    from views.quiet import pooled_baseline, rebase
+
+    rows = _stored("benchmarks/results/offline/results.json")
+    base = pooled_baseline([r for r in rows if r["k"] == 0 and not r.get("floor_only")])
+    stored = rows[0]["baseline"]
+    assert base["output_tok_s"] == pytest.approx(stored["output_tok_s"])
+    assert base["step_ms"] == pytest.approx(stored["step_ms"])
+    fields = ("speedup", "draft_cost_ratio", "verify_cost_ratio", "ideal_speedup",
+              "measured_over_ideal", "floor_ratio", "break_even_acceptance_length", "payoff_bound")
+    for row in rows:
+        if row.get("floor_only"):
+            continue
+        again = copy.deepcopy(row)  # as if derived against twice the step, then derived again
+        again["baseline"] = {**stored, "step_ms": 2 * stored["step_ms"]}
+        for field in fields:
+            if again.get(field) is not None:
+                again[field] = again[field] / 2 if field.endswith("_ratio") else None
+        rebase(again, base)
+        for field in fields:
+            assert again.get(field) == pytest.approx(row.get(field)), (row["impl"], row["k"], field)
+
+
+def test_a_k0_row_that_shared_the_machine_is_left_out_of_the_baseline():
+    from views.quiet import SHARED_SHARE, quiet_rows, share
+
+    relative = "benchmarks/results/offline/results.json"
+    rows, left_out = quiet_rows(relative)
+    assert [(r["impl"], r["k"]) for r in left_out] == [("plugin", 0)]
+    assert share(left_out[0], 2) > SHARED_SHARE  # 15.9 CPU-s of other work in 214 s on 2 CPUs
+    in_tree = next(r for r in rows if r["impl"] == "in-tree" and r["k"] == 0)
+    plugin_k3 = next(r for r in rows if r["impl"] == "plugin" and r["k"] == 3)
+    base = statistics.median(in_tree["output_tok_s_processes"])
+    assert plugin_k3["speedup"] == pytest.approx(plugin_k3["output_tok_s"] / base)
+    assert "Left out of the k = 0 baseline" in VIEWS["bench-offline"].render()
+    quiet_file = "benchmarks/results/verify-trained/results.json"
+    assert quiet_rows(quiet_file) == (_stored(quiet_file), [])
+
+
+def test_verification_below_its_floor_is_flagged():
+    from views.quiet import floor_problems
+
+    row = {"k": 3, "concurrency": 1, "steps": {"target_ms": 35.2}, "verify_over_floor": 0.92}
+    assert "verify / floor 0.92" in floor_problems(row)[0]
+    assert floor_problems({**row, "verify_over_floor": 0.97}) == []  # within the timer tolerance
+    assert "Verification below its floor" in VIEWS["verify-bench"].render()

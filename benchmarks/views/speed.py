@@ -7,7 +7,8 @@ from vllm_mtp_plugin.tools.bench import report
 from vllm_mtp_plugin.tools.bench.plausibility import row_problems
 
 from .acceptance import KINDS, TRAINED, _drafts, _temperatures, trained_row
-from .common import bench_rows, load, one_row, rate, source_line, table
+from .common import bench_rows, load, rate, source_line, table
+from .quiet import floor_line, quiet_rows, shared_line
 
 VERIFY = {"trained": "benchmarks/results/verify-trained/results.json",
           "bench": "benchmarks/results/verify-bench/results.json",
@@ -42,18 +43,23 @@ def trained_speed() -> str:
     processes = sorted({r["processes"] for r in bench_rows(TRAINED)})
     return (f"{text}\n\nMedian of {'/'.join(map(str, processes))} engine processes per "
             f"configuration; other processes used at most {other:.1f} CPU-seconds during any "
-            f"configuration.{impossible_line(bench_rows(TRAINED))} {source_line(TRAINED)}")
+            f"configuration.{impossible_line(bench_rows(TRAINED))}{floor_line(bench_rows(TRAINED))}"
+            f"{shared_line(TRAINED)} {source_line(TRAINED)}")
 
 
 def verify_table(name: str) -> str:
     """Verification with and without ``mla_verify_as_decode`` (``VLLM_MTP_MLA_VERIFY=0``), next
     to its floor; the other CPU seconds of each pair say whether the run was quiet."""
     relative = VERIFY[name]
-    rows = []
+    stored, rows = quiet_rows(relative)[0], []
+
+    def one(**where) -> dict:
+        (row,) = [r for r in stored if all(r.get(f) == v for f, v in where.items())]
+        return row
+
     for impl in ("plugin", "in-tree"):
         for k in sorted({r["k"] for r in bench_rows(relative, impl=impl) if r["k"]}):
-            on, off = (one_row(relative, impl=impl, k=k, mla_verify=m, floor_only=False)
-                       for m in ("on", "off"))
+            on, off = (one(impl=impl, k=k, mla_verify=m, floor_only=False) for m in ("on", "off"))
 
             def pair(field, fmt="{:.2f}"):
                 return " → ".join("–" if r.get(field) is None else fmt.format(r[field])
@@ -70,7 +76,8 @@ def verify_table(name: str) -> str:
     return (f"{text}\n\nDecode step T0 = {t0:.1f} ms (k = 0, median over its rows); floor "
             + ", ".join(f"{f:.2f} at k = {k}" for k, f in floors)
             + f"; {_processes(relative)} per configuration."
-            + impossible_line(bench_rows(relative)) + f" {source_line(relative)}")
+            + impossible_line(stored) + floor_line(stored) + shared_line(relative)
+            + f" {source_line(relative)}")
 
 
 def _processes(relative: str) -> str:
@@ -97,9 +104,10 @@ def rerun_line(rows: list[dict]) -> str:
 def full_table(name: str) -> str:
     """The bench's own table of a run, as ``vllm-mtp bench report`` renders it."""
     relative = FULL[name]
-    rows = load(relative)["results"]
-    notes = " ".join(part for part in (impossible_line(rows).strip(), rerun_line(rows).strip(),
-                                       source_line(relative)) if part)
+    rows = quiet_rows(relative)[0]
+    notes = " ".join(part.strip() for part in (impossible_line(rows), floor_line(rows),
+                                               rerun_line(rows), shared_line(relative),
+                                               source_line(relative)) if part)
     return f"{report.markdown_table(rows)}\n\n{notes}"
 
 
@@ -114,7 +122,7 @@ def impossible_line(rows: list[dict]) -> str:
 
 
 def _speculative_rows(name: str) -> dict[str, list[dict]]:
-    rows = [r for r in load(FULL[name])["results"] if r["k"] and not r.get("floor_only")]
+    rows = [r for r in quiet_rows(FULL[name])[0] if r["k"] and not r.get("floor_only")]
     return {impl: sorted((r for r in rows if r["impl"] == impl), key=lambda r: r["k"])
             for impl in ("plugin", "in-tree")}
 
