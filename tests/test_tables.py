@@ -76,11 +76,11 @@ def test_a_broken_marker_is_refused_with_file_and_line(doc, message):
 
 
 def test_check_fails_with_a_diff_when_a_doc_disagrees(tmp_path, capsys):
-    name = "tune-trained-c1-k3"
+    name = "bench-k3-c1-speedups"
     (tmp_path / "README.md").write_text(f"k = 3 ran at <!-- results: {name} -->1.14×<!-- /results -->\n")
     assert tables.run(check=True, root=tmp_path) == 1
     out = capsys.readouterr().out
-    assert "-k = 3 ran at <!-- results: tune-trained-c1-k3 -->1.14×" in out
+    assert f"-k = 3 ran at <!-- results: {name} -->1.14×" in out
     assert f"+k = 3 ran at <!-- results: {name} -->{VIEWS[name].render()}" in out
     assert tables.run(check=False, root=tmp_path) == 0
     assert tables.run(check=True, root=tmp_path) == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from . import acceptance, doctor, live, model, speed, training, tune
+from . import acceptance, doctor, live, model, runs, speed, training, tune
 from .common import View
 
 TRAINED = (acceptance.TRAINED,)
@@ -15,6 +15,7 @@ VIEWS: dict[str, View] = {
     "doctor-selftest": View(doctor.selftest_table, (doctor.SELFTEST,)),
     "doctor-selftest-minutes": View(doctor.selftest_minutes, (doctor.SELFTEST,)),
     "doctor-trained": View(doctor.trained_report, (doctor.TRAINED,)),
+    "doctor-trained-batch-sizes": View(doctor.trained_batch_sizes, (doctor.TRAINED,)),
     "live-record-cost": View(live.record_cost, (live.COST,)),
     "live-record-cost-ratio": View(live.record_cost_ratio, (live.COST,)),
     "live-record-cost-interval": View(live.record_cost_interval, (live.COST,)),
@@ -33,14 +34,24 @@ VIEWS: dict[str, View] = {
     "trained-first-position-t1-probabilistic": View(
         partial(acceptance.first_position_range, 1.0, "probabilistic"), TRAINED),
     "trained-sampling": View(acceptance.trained_sampling, TRAINED),
+    "trained-kinds-compared": View(acceptance.kinds_compared, TRAINED),
     "trained-sampling-separation": View(acceptance.sampling_separation, TRAINED),
     **{f"trained-k3-{kind}": View(partial(acceptance.k3_positions, kind), TRAINED)
        for kind in acceptance.KINDS},
     "no-plugin": View(acceptance.no_plugin_table, (acceptance.NO_PLUGIN,)),
     "v4tiny-acceptance": View(acceptance.v4tiny_acceptance, (acceptance.V4TINY,)),
     "trained-speed": View(speed.trained_speed, TRAINED),
+    **{f"{name}-k3-c1-{part}": View(partial(render, checkpoint, 3), tuple(runs.files()))
+       for name, checkpoint in (("bench", "bench-noisy-0.8"), ("trained", "trained"))
+       for part, render in (("speedups", runs.speedups), ("runs", runs.runs_table))},
+    "bench-parameters": View(partial(runs.parameters, "bench-noisy-0.8"), tuple(runs.files())),
+    "bench-drafter": View(partial(runs.drafter, "bench-noisy-0.8"), (speed.FULL["offline"],)),
     **{f"verify-{name}": View(partial(speed.verify_table, name), (path,))
        for name, path in speed.VERIFY.items()},
+    **{f"verify-{name}-changes": View(partial(speed.verify_changes, name), (path,))
+       for name, path in speed.VERIFY.items() if name != "avx2"},
+    "verify-bench-k0-passes": View(partial(speed.k0_passes, "bench"), (speed.VERIFY["bench"],)),
+    "verify-payoff-example": View(speed.payoff_example, tuple(speed.VERIFY.values())),
     **{f"bench-{name}": View(partial(speed.full_table, name), (path,))
        for name, path in speed.FULL.items()},
     "bench-offline-draft-cost": View(partial(speed.draft_cost, "offline"),
@@ -50,11 +61,12 @@ VIEWS: dict[str, View] = {
     **{f"tune-{name}-fixed-k3-cost": View(partial(tune.fixed_k_cost, name, 3), TUNE)
        for name in tune.MODELS},
     "tune-bench-config": View(partial(tune.printed_config, "bench"), TUNE),
+    "tune-bench-sweep-command": View(partial(tune.sweep_command, "bench"), TUNE),
+    "tune-sweeps-interference": View(tune.sweeps_interference, TUNE),
+    "tune-bench-c1-k0-processes": View(partial(tune.k0_processes, "bench", 1), TUNE),
     "tune-sampled": View(tune.sampled_methods, (tune.SAMPLED,)),
     "tune": View(partial(tune.tune_table, False), TUNE),
     "tune-ranges": View(partial(tune.tune_table, True), TUNE),
-    **{f"tune-{name}-c1-k3": View(partial(tune.k_over_no_speculation, name, 1, 3), TUNE)
-       for name in tune.MODELS},
     **{f"training-{proof}": View(partial(training.proof_table, proof), (training.file(proof),))
        for proof in training.LAYERS},
     "training-graft-vs-joint": View(partial(

@@ -218,3 +218,30 @@ def no_plugin_table() -> str:
             f"plugin registered in the engine: "
             + ", ".join(f"{impl} {'yes' if v else 'no'}" for impl, v in registered.items())
             + f". {source_line(NO_PLUGIN)}")
+
+
+def kinds_compared() -> str:
+    """How far the prompt kinds' acceptance can be told apart: the drafts per row, and the
+    positions where two kinds' 95 % intervals lie apart (all others overlap)."""
+    from itertools import combinations
+
+    from vllm_mtp_plugin.tools.bench.stats import separated
+
+    counts, apart, compared = [], [], 0
+    for temperature in _temperatures():
+        for drafts in _drafts(temperature):
+            for k in (1, 2, 3):
+                rows = {kind: trained_row("plugin", k, kind, temperature, drafts) for kind in KINDS}
+                n = {kind: distinct_drafts(r) for kind, r in rows.items()}
+                counts += [c for c, _ in n.values()]
+                for i in range(k):
+                    for a, b in combinations(KINDS, 2):
+                        compared += 1
+                        ia, ib = (wilson(n[x][1][i], n[x][0]) for x in (a, b))
+                        if separated(ia, ib):
+                            high, low = (a, b) if ia[0] > ib[1] else (b, a)
+                            apart.append(f"{high} above {low} at T = {temperature:g} "
+                                         f"({drafts} drafts), k = {k}, position {i + 1}")
+    where = ("none" if not apart else f"{len(apart)}: " + "; ".join(apart))
+    return (f"{min(counts):.0f}–{max(counts):.0f} drafts per row; of {compared} comparisons of two "
+            f"kinds at one position, those whose 95 % intervals lie apart: {where}")

@@ -49,7 +49,7 @@ def _flags(env: dict) -> str:
     return "flags " + (" ".join(flags) or "none of the speed-relevant ones")
 
 
-def _command(argv: list[str]) -> str:
+def command(argv: list[str]) -> str:
     argv = list(argv)
     if argv and argv[0].endswith("bench.py"):
         argv[0] = "python benchmarks/bench.py"
@@ -76,7 +76,7 @@ def provenance(env: dict) -> str:
     kernels = f", vLLM kernels {env['vllm_kernels']}" if env.get("vllm_kernels") else ""
     return (f"{env.get('date', 'date not recorded')}, {env.get('cpu')} ({env.get('cpus')} CPUs; "
             f"{_flags(env)}{kernels}), vLLM {env.get('vllm')}, torch {env.get('torch')}, {code}; "
-            f"`{_command(env.get('argv') or [])}`")
+            f"`{command(env.get('argv') or [])}`")
 
 
 def source_line(*relatives: str) -> str:
@@ -87,6 +87,11 @@ def source_line(*relatives: str) -> str:
         env = data.get("environment") or data.get("machine") or data.get("run") or {}
         parts.append(f"`{relative}`: {provenance(env)}")
     return "Source: " + "; ".join(parts) + "."
+
+
+def percent(share: float, digits: int = 1) -> str:
+    """"3.7 %": a share as the docs write it."""
+    return f"{100 * share:.{digits}f} %"
 
 
 def rate(value: float | None, digits: int = 2) -> str:

@@ -41,3 +41,19 @@ def trained_report() -> str:
         table(["check", "status", "what it measured"], rows), "",
         f"Verdict: `{data['verdict']}`, {data['seconds'] / 60:.1f} min in all.", "",
         *[line.replace("|", "/") for line in lines], "", source_line(TRAINED)])
+
+
+def trained_batch_sizes() -> str:
+    """Where k = 1 lands against no speculation per batch size, by tune's model and as measured,
+    each named gain, even or loss by the band doctor uses (``doctor/batch.py``)."""
+    from vllm_mtp_plugin.tools.doctor.batch import EVEN
+
+    rows = load(TRAINED)["batch_sizes"]["rows"]
+
+    def side(value: float) -> str:
+        return "gain" if value > 1 + EVEN else "loss" if value < 1 - EVEN else "even"
+
+    cells = [f"batch {r['batch_size']}: {r['modelled_speedup']:.2f}× by tune's model "
+             f"({side(r['modelled_speedup'])}), {r['measured_speedup']:.2f}× measured "
+             f"({side(r['measured_speedup'])})" for r in rows]
+    return "; ".join(cells) + f" (even: within {100 * EVEN:g} % of 1)"

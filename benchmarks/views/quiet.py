@@ -21,7 +21,7 @@ from functools import lru_cache
 from vllm_mtp_plugin.tools.bench.plausibility import cheaper_than_plain
 from vllm_mtp_plugin.tools.engine.interference import BUSY_SHARE
 
-from .common import load
+from .common import load, percent
 
 # Half the share at which the bench re-runs one engine process: a row whose kept processes
 # together took more shared the machine (the quiet rows of the stored runs stay near 1 %).
@@ -121,11 +121,11 @@ def shared_line(relative: str) -> str:
     rows, left_out = quiet_rows(relative)
     n = cpus(relative)
     shared = [f"{row_name(r)} ({r['interference']['other_cpu_s']:.1f} CPU-s in "
-              f"{r['interference']['wall_s']:.0f} s, {share(r, n):.1%} of the CPUs)"
+              f"{r['interference']['wall_s']:.0f} s, {percent(share(r, n))} of the CPUs)"
               for r in load(relative)["results"] if shared_machine(r, n)]
     if not shared:
         return ""
-    text = (f" **Shared the machine** (other processes took more than {SHARED_SHARE:.1%} of its "
+    text = (f" **Shared the machine** (other processes took more than {percent(SHARED_SHARE)} of its "
             f"CPU time; figures shown, not quoted in the text): {', '.join(shared)}.")
     if left_out:
         text += (" Left out of the k = 0 baseline (the stored `speedup` pools it): "

@@ -8,7 +8,7 @@ from vllm_mtp_plugin.tools.bench.plausibility import row_problems
 
 from .acceptance import KINDS, TRAINED, _drafts, _temperatures, trained_row
 from .common import bench_rows, load, rate, source_line, table
-from .quiet import floor_line, quiet_rows, shared_line
+from .quiet import floor_line, floor_problems, quiet_rows, shared_line
 
 VERIFY = {"trained": "benchmarks/results/verify-trained/results.json",
           "bench": "benchmarks/results/verify-bench/results.json",
@@ -141,3 +141,61 @@ def measured_over_ideal(name: str) -> str:
     values = [r["measured_over_ideal"] for rows in _speculative_rows(name).values() for r in rows
               if r.get("measured_over_ideal") is not None]
     return f"{min(values):.2f}–{max(values):.2f}"
+
+
+def k0_passes(name: str) -> str:
+    """"29.0 and 32.7 tokens/s in one engine process, ...": every pass of the quietest k = 0 row
+    of a run with several passes per process, by process (the lottery between processes)."""
+    relative = VERIFY[name]
+    rows = [r for r in bench_rows(relative, k=0, floor_only=False) if r["repeats"] > 1]
+    row = min(rows, key=lambda r: r["interference"]["other_cpu_s"])
+    by_process: dict[int, list[float]] = {}
+    for run in row["runs"]:
+        by_process.setdefault(run["process"], []).append(run["output_tok_s"])
+    passes = "; ".join(" and ".join(f"{v:.1f}" for v in values)
+                       for values in sorted(by_process.values(), key=min))
+    return (f"{passes} tokens/s, each group the passes of one engine process (the "
+            f"{row['impl']} k = 0 row of `{relative.removeprefix('benchmarks/')}`, "
+            f"{row['interference']['other_cpu_s']:.1f} CPU-seconds of other work in "
+            f"{row['interference']['wall_s']:.0f} s)")
+
+
+def verify_changes(name: str) -> str:
+    """What the patch changed per row: verification and drafting cost, the speed-ups with it,
+    and how far the k = 0 processes spread."""
+    rows = quiet_rows(VERIFY[name])[0]
+    pairs = [(off, on) for on in rows if on["k"] and on.get("mla_verify") == "on"
+             and not on.get("floor_only")
+             for off in rows if off.get("mla_verify") == "off" and off["impl"] == on["impl"]
+             and off["k"] == on["k"] and not off.get("floor_only")]
+
+    def moved(field: str) -> str:
+        rose = [f"{on['impl']} k = {on['k']}" for off, on in pairs
+                if round(on[field], 2) > round(off[field], 2)]
+        fell = sum(round(on[field], 2) < round(off[field], 2) for off, on in pairs)
+        return (f"fell in every row" if fell == len(pairs) else
+                f"fell in {fell} of {len(pairs)} rows" + (f", rose in {', '.join(rose)}"
+                                                          if rose else ""))
+
+    ratios = [on["verify_cost_ratio"] / off["verify_cost_ratio"] for off, on in pairs]
+    speedups = [on["speedup"] for _, on in pairs]
+    k0 = [v for r in rows if r["k"] == 0 and not r.get("floor_only")
+          for v in r["output_tok_s_processes"]]
+    return (f"verification cost {moved('verify_cost_ratio')} (with the patch "
+            f"{min(ratios):.2f}–{max(ratios):.2f} of its cost without), draft cost c "
+            f"{moved('draft_cost_ratio')}; speed-ups with the patch {min(speedups):.2f}×–"
+            f"{max(speedups):.2f}×; the k = 0 engine processes ran at {min(k0):.1f}–"
+            f"{max(k0):.1f} tokens/s")
+
+
+def payoff_example() -> str:
+    """The verification run whose floor caps speculation most, as the bound's worked example."""
+    rows = [(name, r) for name, relative in VERIFY.items() for r in quiet_rows(relative)[0]
+            if r["k"] and r.get("mla_verify") == "on" and r.get("payoff_bound")
+            and not floor_problems(r)]
+    name, r = min(rows, key=lambda pair: pair[1]["payoff_bound"])
+    k, c, floor = r["k"], r["draft_cost_ratio"], r["floor_ratio"]
+    return (f"in `results/verify-{name}` ({r['impl']}, k = {k}) a decode step with k + 1 = "
+            f"{k + 1} rows cost {floor:.2f} plain steps and a draft step c = {c:.2f} of one, so the "
+            f"best possible speed-up there was {k + 1} / ({floor:.2f} + {k} · {c:.2f}) ≈ "
+            f"{r['payoff_bound']:.2f}×")

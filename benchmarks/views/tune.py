@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .common import ROOT, load, source_line, table
+from .common import ROOT, command, load, percent, source_line, table
 
 MODELS = {"bench": "`bench` preset, 457 M", "trained": "trained, 8.4 M"}
 
@@ -48,12 +48,6 @@ def tune_table(ranges: bool) -> str:
             f"passes from {'/'.join(map(str, sorted(processes)))} engine processes per k"
             + (", [lowest–highest pass]" if ranges else "")
             + f"; sweeps in `offline-c*/results.json` beside each. {source_line(*sources)}")
-
-
-def k_over_no_speculation(name: str, concurrency: int, k: int) -> str:
-    """"0.81×": the sweep's median tokens/s at k over k = 0 at one concurrency."""
-    v = next(v for v in verdicts(name) if v["concurrency"] == concurrency)
-    return f"{v['tok_s'][str(k)]['median'] / v['tok_s']['0']['median']:.2f}×"
 
 
 def fixed_k_cost(name: str, k: int) -> str:
@@ -109,3 +103,41 @@ def sampled_methods() -> str:
     advice = (f"`tune` printed `--speculative-config '{json.dumps(spec)}'`" if spec else
               "`tune` recommended serving without speculation")
     return f"{text}\n\n{advice}. {source_line(SAMPLED)}"
+
+
+def _sweeps(name: str) -> list[str]:
+    folder = ROOT / _files(name)[0]
+    return sorted((p.relative_to(ROOT).as_posix() for p in folder.parent.glob("offline-c*/"
+                                                                               "results.json")),
+                  key=lambda p: int(p.split("offline-c")[1].split("/")[0]))
+
+
+def sweep_command(name: str) -> str:
+    """The first sweep's command as it ran (the others differ in ``--concurrency``,
+    ``--num-prompts`` and their folders)."""
+    return f"`{command(load(_sweeps(name)[0])['environment']['argv'])}`"
+
+
+def sweeps_interference() -> str:
+    """Other processes' CPU time in the sweeps' rows, and the engine processes re-run."""
+    from .quiet import cpus, share
+
+    rows = [(sweep, r) for name in MODELS for sweep in _sweeps(name)
+            for r in load(sweep)["results"]]
+    worst_sweep, worst = max(rows, key=lambda pair: share(pair[1], cpus(pair[0])) or 0)
+    rerun = [f"{sweep.split('/')[2]} {sweep.split('/')[3].removeprefix('offline-')} "
+             f"k = {r['k']} ({len(r['interference']['discarded_disturbed'])})"
+             for sweep, r in rows if r["interference"].get("discarded_disturbed")]
+    return (f"other processes took at most {percent(share(worst, cpus(worst_sweep)))} of the CPUs "
+            f"during a row ({worst['interference']['other_cpu_s']:.1f} CPU-seconds)"
+            + (f"; engine processes run again because other work took more than the bench's "
+               f"threshold meanwhile (discarded, never pooled): {', '.join(rerun)}"
+               if rerun else "; no engine process was run again"))
+
+
+def k0_processes(name: str, concurrency: int) -> str:
+    """The k = 0 engine processes of one sweep: their tokens/s, slowest first."""
+    sweep = next(s for s in _sweeps(name) if s.endswith(f"offline-c{concurrency}/results.json"))
+    (row,) = [r for r in load(sweep)["results"] if r["k"] == 0 and not r.get("floor_only")]
+    values = sorted(row["output_tok_s_processes"])
+    return (", ".join(f"{v:.1f}" for v in values[:-1]) + f" and {values[-1]:.1f} tokens/s")
