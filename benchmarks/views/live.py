@@ -178,3 +178,9 @@ def adapt_summary() -> str:
 
 def adapt_ratio() -> str:
     return f"{load(ADAPT)['ratio_to_offline_k1']:.2f}×"
+
+
+def adapt_minutes() -> str:
+    """"20 minutes of serving on 2 CPUs": how long the proof served, and on what."""
+    data = load(ADAPT)
+    return f"{data['settings']['minutes']:g} minutes of serving on {data['environment']['cpus']} CPUs"

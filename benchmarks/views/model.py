@@ -16,7 +16,24 @@ def quality_table() -> str:
     return (table(["", "perplexity", "unigram perplexity",
                    "MTP top-1 accuracy (token after next)"], rows)
             + f"\n\n{'/'.join(f'{t:,}' for t in sorted(tokens))} held-out tokens per kind. "
-              f"Source: `{RECORD}`, written by `vllm-mtp build-tiny --mode trained --rebuild`.")
+              f"Source: `{RECORD}`, written by `vllm-mtp build-tiny --mode trained --rebuild`; "
+              f"{run_line()}.")
+
+
+def run_line() -> str:
+    """Where the shipped record came from, or that it does not say."""
+    from .common import provenance
+
+    run = load(RECORD).get("run") or {}
+    if not run.get("recorded"):
+        return ("the run that trained the shipped weights recorded no commit, date, machine or "
+                "command line (`run` in the record says so; a rebuild records them)")
+    return provenance(run)
+
+
+def training_time() -> str:
+    """"46 minutes": how long the shipped model's training loop ran, as its record says."""
+    return f"{load(RECORD)['history']['seconds'] / 60:.0f} minutes"
 
 
 def quality_sentence() -> str:

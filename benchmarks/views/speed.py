@@ -199,3 +199,30 @@ def payoff_example() -> str:
             f"{k + 1} rows cost {floor:.2f} plain steps and a draft step c = {c:.2f} of one, so the "
             f"best possible speed-up there was {k + 1} / ({floor:.2f} + {k} · {c:.2f}) ≈ "
             f"{r['payoff_bound']:.2f}×")
+
+
+def run_settings(name: str) -> str:
+    """"5 engine processes per configuration, 1 measured pass each", as the run was set."""
+    s = load(FULL[name])["settings"]
+    passes = f"{s['repeats']} measured pass{'es' if s['repeats'] > 1 else ''} each"
+    if s["mode"] != "offline":
+        return f"one server per configuration, {passes}"
+    return f"{s['processes']} engine processes per configuration, {passes}"
+
+
+def sizes_speedups() -> str:
+    """"0.99× on the 5 M-parameter `tiny` preset, ...": k = 3 over k = 0 per preset, smallest
+    first."""
+    rows = sorted((r for r in quiet_rows(FULL["sizes"])[0] if r["k"] == 3
+                   and not r.get("floor_only")), key=lambda r: r["parameters"])
+    return ", ".join(f"{r['speedup']:.2f}× on the {r['parameters'] / 1e6:.0f} M-parameter "
+                     f"`{r['checkpoint'].split('-')[0]}`" for r in rows)
+
+
+def draft_memory(name: str, difference: bool = False) -> str:
+    """"393.6 vs 361.6 MiB" (in-tree vs plugin, what each drafter allocates at load), or their
+    difference alone."""
+    mib = {impl: {r["draft_bytes"] / 2**20 for r in load(FULL[name])["results"]
+                  if r["impl"] == impl and r.get("draft_bytes")} for impl in ("in-tree", "plugin")}
+    (theirs,), (ours,) = mib["in-tree"], mib["plugin"]
+    return f"{theirs - ours:.1f} MiB" if difference else f"{theirs:.1f} vs {ours:.1f} MiB"

@@ -90,8 +90,10 @@ def rebuild(out_dir: Path, cache_dir: Path, settings: PretrainSettings | None = 
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
+    from ..provenance import environment, portable
     from .export import checkpoint_tensors
 
+    run = {"recorded": True, **environment()}  # the code, command and machine, as training starts
     settings = settings or PretrainSettings()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -110,6 +112,7 @@ def rebuild(out_dir: Path, cache_dir: Path, settings: PretrainSettings | None = 
     (out_dir / "config.json").write_text(json.dumps(config_json(), indent=2))
     final = history["evaluations"][-1]
     record = {
+        "run": portable(run),
         "corpus": corpus.summary(docs),
         "train_tokens": train_tokens.numel(),
         "held_out_tokens": {k: v.numel() for k, v in held_out.items()},
