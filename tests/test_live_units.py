@@ -27,7 +27,13 @@ def test_options_are_taken_out_and_the_worker_extension_added(tmp_path):
                                      "--port", "8001", *SPEC])
     assert rest == ["model", "--port", "8001", *SPEC, "--worker-extension-cls", WORKER_EXTENSION]
     assert live.record.fraction == 0.25 and live.record.max_bytes == 2**29
+    assert live.record.max_age_s is None and live.record.window_tokens == 65536
     assert live.reload is None
+    live, _ = split_live_options(["model", "--record", str(tmp_path / "rec"), *SPEC,
+                                  "--record-max-age", "36", "--record-window-tokens=4096",
+                                  "--record-min-free-gb", "0.5"])
+    assert (live.record.max_age_s, live.record.window_tokens, live.record.min_free_bytes) == (
+        36 * 3600, 4096, 2**29)
     assert stat.S_IMODE((tmp_path / "rec").stat().st_mode) == 0o700
     live, rest = split_live_options(["model", "--enable-layer-reload", str(tmp_path), *SPEC,
                                      "--reload-api-key", "k", "--reload-min-interval", "5"])
@@ -42,6 +48,10 @@ def test_options_are_taken_out_and_the_worker_extension_added(tmp_path):
     (["--record-fraction", "0.5"], "--record-fraction needs --record DIR"),
     (["--record", "{d}", "--record-fraction", "0", *SPEC], "in (0, 1]"),
     (["--record", "{d}", "--record-max-gb", "-1", *SPEC], "above 0"),
+    (["--record", "{d}", "--record-max-age", "0", *SPEC], "--record-max-age 0: give the age"),
+    (["--record", "{d}", "--record-window-tokens", "1", *SPEC], "give 2 or more"),
+    (["--record", "{d}", "--record-min-free-gb", "-2", *SPEC], "--record-min-free-gb -2"),
+    (["--record-max-age", "3"], "--record-max-age needs --record DIR"),
     (["--record", "{d}"], "--record works on the MTP drafter, so the server must draft with MTP"),
     (["--record", "{d}", "-sc", '{"method": "eagle3"}'], "(given method: eagle3)"),
     (["--record", "{d}", *SPEC, "--worker-extension-cls", "my.Ext"], "given my.Ext"),
@@ -283,7 +293,8 @@ def test_adapt_implies_record_and_reload_and_refuses_both(tmp_path):
 
 def test_adapt_on_a_cpu_needs_a_sized_kv_cache(tmp_path, monkeypatch):
     """vLLM's CPU worker would take 92 % of memory for the KV cache and leave the trainer none
-    (the OOM killer then takes the server)."""
+    (the OOM killer then takes the server); ``--record`` alone is warned (training may run
+    elsewhere)."""
     from vllm_mtp_plugin.platform import platform_family
 
     assert platform_family() == "cpu"
@@ -295,9 +306,12 @@ def test_adapt_on_a_cpu_needs_a_sized_kv_cache(tmp_path, monkeypatch):
         live, rest = split_live_options(["model", "--adapt", str(tmp_path / "a"), *SPEC, *sized])
         assert live.adapt is not None and sized[0] in rest
     live, _ = split_live_options(["model", "--record", str(tmp_path / "r"), *SPEC])
-    assert live.record is not None  # recording alone starts no trainer
+    assert live.record is not None  # recording alone starts no trainer: a warning
+    assert len(live.warnings) == 1 and "train --data on this machine" in live.warnings[0]
+    assert "VLLM_CPU_KVCACHE_SPACE=GiB" in live.warnings[0]
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     assert split_live_options(["model", "--adapt", str(tmp_path / "a"), *SPEC])[0].adapt
+    assert split_live_options(["model", "--record", str(tmp_path / "r"), *SPEC])[0].warnings == []
 
 
 def test_adapt_decides_by_intervals_not_by_point_estimates():
@@ -325,7 +339,7 @@ def test_recording_figures_reach_prometheus(tmp_path):
 
     recorder = SimpleNamespace(stats=Counter(finished=7, sampled=2, recorded=1, tokens=90,
                                              window_seconds=0.25),
-                               directory_bytes=4096, stopped=None)
+                               directory_bytes=4096, paused_until=0.0)
     registry = CollectorRegistry()
     registry.register(RecordCollector(recorder))
     page = parse_prometheus(generate_latest(registry).decode())
@@ -336,7 +350,7 @@ def test_recording_figures_reach_prometheus(tmp_path):
     assert page[("vllm_mtp:record_directory_bytes", ())] == 4096
     assert page[("vllm_mtp:record_active", ())] == 1
     recorder.stats["finished"] += 1
-    recorder.stopped = "3 windows failed in a row"
+    recorder.paused_until = time.monotonic() + 60  # a window failed: recording pauses
     page = parse_prometheus(generate_latest(registry).decode())
     assert page[("vllm_mtp:record_finished_requests_total", ())] == 8
     assert page[("vllm_mtp:record_active", ())] == 0

@@ -11,34 +11,60 @@ Turned on per worker through vLLM's ``worker_extension_cls`` and ``LLM.collectiv
 (``RecordingWorkerExtension``), so warm-up and profiling runs are not recorded. Recording is a
 Python side effect: the collecting engine runs eagerly (a captured CUDA graph would replay without
 it).
+
+While a server serves, a recording window knows its requests (``sequences``): only their rows are
+written (``recording_window.py``), each call's file with a ``segments`` table saying which rows
+fill which request at which positions, and the window's row counts in ``rows.json`` at the stop.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch
 
-_state: dict = {"directory": None, "outputs": False, "count": 0, "tag": ""}
+from .recording_window import WindowRows
+
+_state: dict = {"directory": None, "outputs": False, "count": 0, "tag": "", "window": None}
 
 
 def active() -> bool:
     return _state["directory"] is not None
 
 
-def start(directory: str | os.PathLike, outputs: bool = False, tag: str = "") -> None:
+def start(directory: str | os.PathLike, outputs: bool = False, tag: str = "",
+          sequences: list[list[int]] | None = None) -> None:
     """Record every first-step drafter call into ``directory`` (``outputs``: the layer's
-    output too, for the parity test between trainer and server)."""
+    output too, for the parity test between trainer and server); with ``sequences`` (the token
+    ids of each request of a window), only the rows of those requests."""
     Path(directory).mkdir(parents=True, exist_ok=True)
-    _state.update(directory=Path(directory), outputs=outputs, count=0, tag=tag, errors=0)
+    _state.update(directory=Path(directory), outputs=outputs, count=0, tag=tag, errors=0,
+                  window=WindowRows(sequences) if sequences is not None else None)
 
 
 def stop() -> int:
-    """Stop recording; returns the number of calls written."""
-    count = _state["count"]
-    _state.update(directory=None, count=0)
+    """Stop recording; returns the number of calls written (a window's row counts go to
+    ``rows-<tag>.json`` in its directory)."""
+    count, window, directory = _state["count"], _state["window"], _state["directory"]
+    _state.update(directory=None, count=0, window=None)
+    if window is not None and directory is not None:
+        counts = {"calls": count, "rows_kept": window.rows_kept,
+                  "rows_dropped": window.rows_dropped}
+        (Path(directory) / f"rows-{_state['tag']}.json").write_text(json.dumps(counts))
     return count
+
+
+def _window_rows(window: WindowRows, tensors: dict[str, torch.Tensor]) -> dict | None:
+    """The call's rows of the window's requests, with their ``segments``; None if none."""
+    ranges, segments = window.take(tensors["input_ids"].tolist(), tensors["positions"].tolist())
+    if not segments:
+        return None
+    index = torch.cat([torch.arange(a, b) for a, b in ranges])
+    kept = {k: v.index_select(0, index.to(v.device)) for k, v in tensors.items()}
+    kept["segments"] = torch.tensor(segments, dtype=torch.int64)
+    return kept
 
 
 def record(input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_states: torch.Tensor,
@@ -49,7 +75,7 @@ def record(input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_state
     Called from inside the drafter's forward, also while a server serves: it never raises there
     (a failed write is logged and counted; the reader finds the positions missing), and it reads
     the directory once, as recording may be stopped between any two lines of a running step."""
-    directory, count = _state["directory"], _state["count"]
+    directory, count, window = _state["directory"], _state["count"], _state["window"]
     if directory is None:
         return
     try:
@@ -63,6 +89,8 @@ def record(input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_state
                    "hidden_states": hidden_states[:n]}
         if output is not None and _state["outputs"]:
             tensors["output"] = output[:n]
+        if window is not None and (tensors := _window_rows(window, tensors)) is None:
+            return  # rows of other traffic only: nothing leaves the device
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         _state["count"] = count + 1
         save_file(tensors, str(Path(directory) / f"call-{_state['tag']}{count:07d}.safetensors"))
@@ -78,14 +106,17 @@ def record(input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_state
 class RecordingWorkerExtension:
     """Methods vLLM adds to its worker class (``LLM(worker_extension_cls=...)``)."""
 
-    def start_mtp_recording(self, directory: str, outputs: bool = False) -> bool:
-        """Start on the writing rank only; returns whether this worker records."""
+    def start_mtp_recording(self, directory: str, outputs: bool = False,
+                            sequences: list[list[int]] | None = None) -> bool:
+        """Start on the writing rank only; returns whether this worker records.
+        ``sequences``: a recording window's requests, the only rows written."""
         from vllm.distributed import get_tensor_model_parallel_rank
 
         if get_tensor_model_parallel_rank() != 0:
             return False
         parallel = self.vllm_config.parallel_config
-        start(directory, outputs, tag=f"dp{parallel.data_parallel_rank}-pid{os.getpid()}-")
+        start(directory, outputs, tag=f"dp{parallel.data_parallel_rank}-pid{os.getpid()}-",
+              sequences=sequences)
         return True
 
     def stop_mtp_recording(self) -> int:

@@ -64,6 +64,8 @@ def serve(argv: list[str]) -> int:
     except LiveOptionError as exc:
         print(f"vllm-mtp serve: {exc}", file=sys.stderr)
         return 2
+    for warning in live.warnings:
+        print(f"vllm-mtp serve: warning: {warning}", file=sys.stderr)
     patch_cli_version_lookup()
     from vllm.entrypoints.cli.main import main as vllm_main
 

@@ -50,6 +50,8 @@ class LiveSettings:
     record: "RecordSettings | None" = None
     reload: ReloadSettings | None = None
     adapt: AdaptSettings | None = None
+    # What the operator should know before vLLM starts (printed by ``vllm-mtp serve``).
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def any(self) -> bool:
@@ -69,6 +71,12 @@ class RecordSettings:
     # most ``window_wait_s`` for more after the first: fewer, larger shards under load.
     window_requests: int = 32
     window_wait_s: float = 2.0
+    # Tokens one window re-prefills at most (its raw rows and its shard: for DeepSeek-V3,
+    # 14 KB per token in bf16, so about 0.9 GB); never more than a shard within max_bytes.
+    window_tokens: int = 65536
+    max_age_s: float | None = None  # shards older than this are removed
+    # A window starts only when the disk keeps this much free besides the window's own bytes.
+    min_free_bytes: int = 2**30
     seed: int | None = None
 
 
@@ -87,6 +95,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-max-gb", metavar="G", type=float,
                    default=RecordSettings.max_bytes / 2**30,
                    help="bound of DIR in GB: the oldest shards go first (default %(default)s)")
+    p.add_argument("--record-max-age", metavar="HOURS", type=float, default=None,
+                   help="remove shards older than HOURS (default: kept until --record-max-gb "
+                        "needs their room)")
+    p.add_argument("--record-window-tokens", metavar="N", type=int,
+                   default=RecordSettings.window_tokens,
+                   help="tokens re-prefilled and written per recording window at most (a "
+                        "longer request is cut there; default %(default)s)")
+    p.add_argument("--record-min-free-gb", metavar="G", type=float,
+                   default=RecordSettings.min_free_bytes / 2**30,
+                   help="recording pauses while the disk would keep less free than G GB "
+                        "(default %(default)s)")
     p.add_argument("--record-seed", metavar="N", type=int, default=None,
                    help="seed of the sampling of requests (a repeatable sample)")
     p.add_argument("--adapt", metavar="DIR",
@@ -192,8 +211,15 @@ def split_live_options(argv: list[str]) -> tuple[LiveSettings, list[str]]:
     if servers not in (None, "1"):
         raise LiveOptionError(f"{what} runs in the API server process and supports one: leave "
                               f"out --api-server-count {servers}.")
-    if settings.adapt:
-        _memory_left_for_training(rest)
+    if _unsized_cpu_kv_cache(rest):
+        if settings.adapt:
+            raise LiveOptionError(
+                "--adapt on a CPU: vLLM would give the KV cache 92 % of this machine's memory, "
+                f"and the training process would run out of it. {SIZE_THE_KV_CACHE}")
+        settings.warnings.append(
+            "--record on a CPU: vLLM gives the KV cache 92 % of this machine's memory, so "
+            "vllm-mtp train --data on this machine while the server runs would run out of it "
+            f"(train elsewhere, or stop the server first). {SIZE_THE_KV_CACHE}")
     if extension is None:
         rest = [*rest, "--worker-extension-cls", WORKER_EXTENSION]
     return settings, rest
@@ -203,21 +229,20 @@ KV_CACHE_FLAGS = ("--kv-cache-memory-bytes", "--kv_cache_memory_bytes", "--gpu-m
                   "--gpu_memory_utilization")
 
 
-def _memory_left_for_training(rest: list[str]) -> None:
+SIZE_THE_KV_CACHE = ("Size the KV cache: VLLM_CPU_KVCACHE_SPACE=GiB (e.g. 4) in the environment, "
+                     "or --kv-cache-memory-bytes, or a lower --gpu-memory-utilization.")
+
+
+def _unsized_cpu_kv_cache(rest: list[str]) -> bool:
     """On a CPU, vLLM gives the KV cache ``gpu_memory_utilization`` (0.92) of the machine's
-    memory and touches all of it at start-up (``v1/worker/cpu_worker.py``): the training process
-    ``--adapt`` starts would then be killed for memory, and the server with it (seen on a 24 GiB
-    machine). Refuse unless the KV cache is sized."""
+    memory and touches all of it at start-up (``v1/worker/cpu_worker.py``): a training process
+    beside the server is then killed for memory, or thrashes (seen on a 24 GiB machine:
+    ``--adapt``'s rounds killed, ``train --data`` at 16-41 s per step). True when nothing sizes
+    it."""
     from ...platform import platform_family
 
-    if platform_family() != "cpu" or "VLLM_CPU_KVCACHE_SPACE" in os.environ or any(
-            _peek(rest, flag) is not None for flag in KV_CACHE_FLAGS):
-        return
-    raise LiveOptionError(
-        "--adapt on a CPU: vLLM would give the KV cache 92 % of this machine's memory, and the "
-        "training process would run out of it. Size the KV cache: VLLM_CPU_KVCACHE_SPACE=GiB "
-        "(e.g. 4) in the environment, or --kv-cache-memory-bytes, or a lower "
-        "--gpu-memory-utilization.")
+    return not (platform_family() != "cpu" or "VLLM_CPU_KVCACHE_SPACE" in os.environ or any(
+        _peek(rest, flag) is not None for flag in KV_CACHE_FLAGS))
 
 
 def _record_settings(ours) -> RecordSettings:
@@ -227,6 +252,15 @@ def _record_settings(ours) -> RecordSettings:
     if ours.record_max_gb <= 0:
         raise LiveOptionError(f"--record-max-gb {ours.record_max_gb:g}: give the bound of the "
                               "recording directory in GB, above 0.")
+    if ours.record_max_age is not None and ours.record_max_age <= 0:
+        raise LiveOptionError(f"--record-max-age {ours.record_max_age:g}: give the age in hours "
+                              "after which shards are removed, above 0.")
+    if ours.record_window_tokens < 2:
+        raise LiveOptionError(f"--record-window-tokens {ours.record_window_tokens}: give 2 or "
+                              "more (a request needs two tokens to train on).")
+    if ours.record_min_free_gb < 0:
+        raise LiveOptionError(f"--record-min-free-gb {ours.record_min_free_gb:g}: give 0 or "
+                              "more.")
     directory = Path(ours.record).expanduser()
     if directory.exists() and not directory.is_dir():
         raise LiveOptionError(f"--record {directory}: exists and is not a directory.")
@@ -238,8 +272,11 @@ def _record_settings(ours) -> RecordSettings:
         raise LiveOptionError(f"--record {directory}: writable by other users (mode {mode:o}), "
                               "who could replace or add shards of served traffic; chmod 700 it "
                               "or give a new directory.")
-    return RecordSettings(directory=directory, fraction=ours.record_fraction,
-                          max_bytes=int(ours.record_max_gb * 2**30), seed=ours.record_seed)
+    return RecordSettings(
+        directory=directory, fraction=ours.record_fraction,
+        max_bytes=int(ours.record_max_gb * 2**30), seed=ours.record_seed,
+        window_tokens=ours.record_window_tokens, min_free_bytes=int(ours.record_min_free_gb * 2**30),
+        max_age_s=None if ours.record_max_age is None else ours.record_max_age * 3600)
 
 
 def _adapt_implies(ours) -> None:

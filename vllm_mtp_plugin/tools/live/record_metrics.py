@@ -2,13 +2,15 @@
 
 Operators need both in the dashboards they already have: the share of traffic that reaches the
 shards (sampled, recorded, skipped because recording lagged behind), the size of the directory,
-whether recording stopped after failures, and the wall time spent in recording windows (each
+whether recording is paused after a failure or for lack of disk, and the wall time spent in recording windows (each
 window: the drafter's recording switched on, the sampled requests re-prefilled, the shard
 written). Counters are read from the recorder's ``stats`` at scrape time (no second copy to keep
 in step); names follow vLLM's ``vllm:`` style under ``vllm_mtp:record_``.
 """
 
 from __future__ import annotations
+
+import time
 
 # recorder.stats key -> (metric name without prefix and _total, help)
 COUNTERS = {
@@ -17,6 +19,11 @@ COUNTERS = {
     "recorded": ("recorded_requests", "Completions written to shards, every position"),
     "incomplete": ("incomplete_requests", "Sampled completions left out: positions missing"),
     "skipped_busy": ("skipped_requests", "Sampled completions skipped: recording lagged behind"),
+    "skipped_paused": ("paused_requests", "Completions not recorded while recording paused"),
+    "cut_requests": ("cut_requests", "Completions cut to a window's token budget"),
+    "rows_written": ("written_rows", "Drafter rows the workers wrote for recording windows"),
+    "rows_dropped": ("dropped_rows", "Rows of other traffic during windows, not written"),
+    "pauses": ("pauses", "Times recording paused (a failed window, or no room on the disk)"),
     "tokens": ("recorded_tokens", "Tokens of the completions written to shards"),
     "failed_windows": ("failed_windows", "Recording windows that failed (logged)"),
     "shards_removed": ("removed_shards", "Oldest shards removed to keep --record-max-gb"),
@@ -49,9 +56,10 @@ class RecordCollector:
         yield GaugeMetricFamily(PREFIX + "directory_bytes",
                                 "Bytes of shards in the recording directory after the last "
                                 "window", value=float(self.recorder.directory_bytes))
-        yield GaugeMetricFamily(PREFIX + "active", "1 while recording, 0 once it stopped after "
-                                "failures (the server goes on serving)",
-                                value=0.0 if self.recorder.stopped else 1.0)
+        paused = time.monotonic() < self.recorder.paused_until
+        yield GaugeMetricFamily(PREFIX + "active", "1 while recording, 0 while it pauses after "
+                                "a failure or for lack of disk (the server goes on serving)",
+                                value=0.0 if paused else 1.0)
 
 
 def register(recorder) -> None:

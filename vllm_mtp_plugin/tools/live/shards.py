@@ -1,5 +1,5 @@
 """The recording directory: shards appear whole, readable by their owner only, and the oldest go
-when the directory outgrows its bound.
+when the directory outgrows its bound (or they outlive ``--record-max-age``).
 
 The shards hold served traffic (token ids of users' prompts and outputs, and the target's hidden
 states from which text can be recovered), hence owner-only files in an owner-only directory. A
@@ -85,11 +85,19 @@ def directory_bytes(directory: Path) -> int:
     return sum(size for _, _, size, _ in _shards(directory))
 
 
-def enforce_bound(directory: Path, max_bytes: int) -> list[str]:
-    """Remove the oldest shards until the rest fit in ``max_bytes``; the newest always stays."""
+def enforce_bound(directory: Path, max_bytes: int, max_age_s: float | None = None) -> list[str]:
+    """Remove shards older than ``max_age_s`` (by their time of writing), then the oldest
+    until the rest fit in ``max_bytes``; the newest stays unless it is too old."""
     shards = _shards(directory)
-    total = sum(size for _, _, size, _ in shards)
     removed = []
+    if max_age_s is not None:
+        oldest_kept = time.time() - max_age_s
+        for mtime, name, _, path in shards:
+            if mtime < oldest_kept:
+                path.unlink(missing_ok=True)
+                removed.append(name)
+        shards = [s for s in shards if s[1] not in removed]
+    total = sum(size for _, _, size, _ in shards)
     for _, name, size, path in shards[:-1]:
         if total <= max_bytes:
             break

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ..prompt_files import PromptFileError, prompt_of, read_records
+from .shard_file import Entry, write_pieces
 from .target import TrainInputError
 
 DATA_FORMAT = "vllm-mtp-train-data/1"
@@ -65,22 +66,18 @@ def encode_prompts(tokenizer, prompts: list, where: str) -> list[list[int]]:
 
 
 def assemble(calls: list[dict[str, torch.Tensor]], sequences: list[list[int]],
-             key: str = "hidden_states", allow_missing: bool = False
-             ) -> list[torch.Tensor | None]:
+             key: str = "hidden_states") -> list[torch.Tensor]:
     """Per sequence, the recorded ``key`` (the hidden states the drafter received, or its
     ``output``) at each of its positions.
 
     ``sequences[r]`` is what the drafter was fed for request r (token i+1 at position i, the
     target's chosen token at the last position). ``calls`` are the recorded drafter calls, in any
     batching and chunking: runs of consecutive positions are matched to the requests whose tokens
-    they carry. Raises when a position was never seen (``allow_missing``: that sequence is None).
+    they carry. Raises when a position was never seen.
     """
     rows, filled = _match(calls, sequences, key)
     for r, done in enumerate(filled):
         if not bool(done.all()):
-            if allow_missing:
-                rows[r] = None
-                continue
             first = int((~done).nonzero()[0])
             raise RuntimeError(f"the drafter never received position {first} of sequence {r}: "
                                "the collecting engine must run without prefix caching and "
@@ -135,31 +132,31 @@ def write_shard(path: Path, sequences: list[list[int]], next_tokens: list[int],
                 hidden: list[torch.Tensor], prompt_lengths: list[int], metadata: dict,
                 drafter_output: list[torch.Tensor] | None = None, private: bool = False) -> None:
     """Write under a temporary name, then rename: a reader never sees half a shard.
-    ``private``: readable by the owner only from its first byte (recorded traffic). The
-    temporary file is created new (``O_EXCL``) and never through a link (``O_NOFOLLOW``): a
-    link planted under its name in a shared directory is replaced, not written through."""
-    import os
-
-    from safetensors.torch import save
-
-    tokens = torch.tensor([t for seq, nxt in zip(sequences, next_tokens) for t in (*seq, nxt)])
-    tensors = {"tokens": tokens, "hidden": torch.cat(hidden).contiguous(),
-               "lengths": torch.tensor([len(s) for s in sequences]),
-               "prompt_lengths": torch.tensor(prompt_lengths)}
+    ``private``: readable by the owner only from its first byte (recorded traffic). The file is
+    written piece by piece (``shard_file.py``): no second copy of the states in memory."""
+    width, dtype = hidden[0].shape[-1], hidden[0].dtype
+    rows = sum(len(h) for h in hidden)
+    entries = shard_entries(sequences, next_tokens, prompt_lengths, rows, width, dtype, hidden)
     if drafter_output is not None:
-        tensors["drafter_output"] = torch.cat(drafter_output).contiguous()
-    data = save(tensors, metadata={"format": DATA_FORMAT,
-                                   **{k: json.dumps(v) for k, v in metadata.items()}})
-    tmp = path.with_suffix(".partial")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(tmp, flags, 0o600 if private else 0o644)
-    except FileExistsError:  # a leftover, or a link someone put there: removed, not followed
-        tmp.unlink()
-        fd = os.open(tmp, flags, 0o600 if private else 0o644)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-    tmp.rename(path)
+        entries.append(Entry("drafter_output", dtype, (rows, width), drafter_output))
+    write_pieces(path, entries, shard_metadata(metadata), private)
+
+
+def shard_entries(sequences: list[list[int]], next_tokens: list[int], prompt_lengths: list[int],
+                  rows: int, width: int, dtype: torch.dtype, hidden_pieces) -> list[Entry]:
+    """The tensors of a shard (module docstring), the hidden states from ``hidden_pieces``."""
+    tokens = torch.tensor([t for seq, nxt in zip(sequences, next_tokens) for t in (*seq, nxt)],
+                          dtype=torch.int64)
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
+    starts = torch.tensor(prompt_lengths, dtype=torch.int64)
+    return [Entry("tokens", torch.int64, tuple(tokens.shape), [tokens]),
+            Entry("lengths", torch.int64, tuple(lengths.shape), [lengths]),
+            Entry("prompt_lengths", torch.int64, tuple(starts.shape), [starts]),
+            Entry("hidden", dtype, (rows, width), hidden_pieces)]
+
+
+def shard_metadata(metadata: dict) -> dict[str, str]:
+    return {"format": DATA_FORMAT, **{k: json.dumps(v) for k, v in metadata.items()}}
 
 
 def shard_summary(data_dir: Path) -> dict:

@@ -1,0 +1,96 @@
+"""Which rows of a drafter call belong to a recording window's own requests.
+
+``vllm-mtp serve --record`` re-prefills a window of finished requests on the serving engine while
+other traffic goes on: the drafter's calls then carry rows of both. Only the window's rows may
+reach the disk (the others are other users' traffic, and they would only be thrown away later), so
+the worker keeps a row when it continues one of the window's requests where that request's
+recording stands: at the next position it still needs, carrying its token there (the drafter is
+fed token i + 1 of the request at position i, and at the last position the token the target
+samples there, which only a row continuing the request's run may carry). A request's rows arrive in
+position order (its prefill, in chunks), so each request has one cursor; rows of a request that
+arrive again (a preempted request computed anew) are not written twice.
+
+A row of other traffic is kept only if it sits at exactly that position with exactly that token
+in the same step, as a request with the same tokens up to there does (its hidden state is then the
+same: causal attention); or, when a request's last chunk is its last position alone (whose token
+is the one the target samples, not known here), if it is a lone row at that position in the next
+call: the recorder then keeps the row that carries the sampled token.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+
+class WindowRows:
+    """Per-request cursors over the window's sequences; ``take`` splits one call's rows."""
+
+    def __init__(self, sequences: list[list[int]]):
+        """``sequences``: each request's token ids (prompt and output)."""
+        self.fed = [ids[1:] for ids in sequences]
+        self.length = [len(ids) for ids in sequences]
+        self.cursor = [0] * len(sequences)
+        self.waiting: dict[tuple[int, int], set[int]] = defaultdict(set)
+        for r, fed in enumerate(self.fed):
+            if fed:
+                self.waiting[(0, fed[0])].add(r)
+        self.last_next: dict[int, set[int]] = {}  # position -> requests; see ``take``
+        self.rows_kept = 0
+        self.rows_dropped = 0
+
+    def _advance(self, r: int, to: int) -> None:
+        fed, here = self.fed[r], self.cursor[r]
+        self.waiting[(here, fed[here])].discard(r)
+        self.cursor[r] = to
+        if to < len(fed):
+            self.waiting[(to, fed[to])].add(r)
+        elif to == len(fed):  # a chunk ended just before the last position: next call, alone
+            self.last_next.setdefault(to, set()).add(r)
+
+    def _run(self, r: int, ids: list[int], pos: list[int], o: int) -> int:
+        """Rows from ``o`` that continue request r: its tokens at consecutive positions, then
+        its last position or a chunk's last row (a placeholder token; the state is real)."""
+        fed, last, n = self.fed[r], self.length[r] - 1, 0
+        while (o + n < len(ids) and pos[o + n] == pos[o] + n < last
+               and fed[pos[o + n]] == ids[o + n]):
+            n += 1
+        end = o + n
+        if (n and end < len(ids) and pos[end] == pos[o] + n <= last
+                and (pos[end] == last or end + 1 == len(ids) or pos[end + 1] != pos[end] + 1)):
+            n += 1
+        return n
+
+    def take(self, ids: list[int], pos: list[int]) -> tuple[list[tuple[int, int]],
+                                                             list[tuple[int, int, int, int, int]]]:
+        """``(row ranges to keep, segments)``: each range ``(start, stop)`` of the call's rows;
+        each segment ``(request, first kept row, first position, rows, exact)``, the kept row
+        counted in the kept rows only (ranges concatenated). ``exact`` 0: a lone row at a
+        request's last position in the call after its previous chunk, whose token is the one
+        the target sampled there - known to the recorder only once the window ends, which keeps
+        the candidate that carries it."""
+        last_now, self.last_next = self.last_next, {}
+        ranges, segments, kept, o = [], [], 0, 0
+        while o < len(ids):
+            found = [(self._run(r, ids, pos, o), r)
+                     for r in list(self.waiting.get((pos[o], ids[o]), ()))]
+            found = [(n, r) for n, r in found if n]
+            alone = o + 1 == len(ids) or pos[o + 1] != pos[o] + 1
+            if not found and alone and last_now.get(pos[o]):
+                for r in sorted(last_now[pos[o]]):
+                    segments.append((r, kept, pos[o], 1, 0))
+                ranges.append((o, o + 1))
+                kept, o = kept + 1, o + 1
+                continue
+            if not found:
+                self.rows_dropped += 1
+                o += 1
+                continue
+            longest = max(n for n, _ in found)
+            for n, r in sorted(found, key=lambda f: f[1]):
+                segments.append((r, kept, pos[o], n, 1))
+                self._advance(r, pos[o] + n)
+            ranges.append((o, o + longest))
+            kept += longest
+            o += longest
+        self.rows_kept += kept
+        return ranges, segments
