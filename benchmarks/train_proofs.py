@@ -26,6 +26,7 @@ from pathlib import Path
 from vllm_mtp_plugin.tools.engine.interference import Meter
 from vllm_mtp_plugin.tools.bench.prompts import load_prompt_groups
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
+from vllm_mtp_plugin.tools.train.cli import default_work_dir
 from vllm_mtp_plugin.tools.provenance import environment, portable
 from vllm_mtp_plugin.tools.tiny import trained
 
@@ -72,7 +73,8 @@ def graft(root: Path) -> dict:
     run = train(bare, root / "grafted")
     return {"train": run, "jointly_trained": acceptance(full),
             "trained_from_scratch": acceptance(root / "grafted"),
-            "untrained_initial_layer": acceptance(root / "grafted.work" / "scaffold", ks=(1,))}
+            "untrained_initial_layer": acceptance(default_work_dir(root / "grafted") / "scaffold",
+                                                  ks=(1,))}
 
 
 def recursive(root: Path) -> dict:

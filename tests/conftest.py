@@ -13,6 +13,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # (one core reserved for the engine core): two pytest workers' engines, two threads each, would
 # spin-wait for each other's cores (measured: test_engine_v3 437 -> 369 s beside test_bench_e2e).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# `vllm-mtp train` without --work-dir keeps its state below this run's own directory, not the
+# user's cache (test_train_e2e.py checks the default itself).
+if "VLLM_MTP_WORK_ROOT" not in os.environ:
+    import tempfile
+
+    os.environ["VLLM_MTP_WORK_ROOT"] = tempfile.mkdtemp(prefix="vllm-mtp-work-")
 # Model Runner V2 on vllm-cpu runs through the repository's interpreter harness (tools/engine/mrv2.py).
 os.environ.setdefault("VLLM_MTP_MRV2_HARNESS", str(Path(__file__).parent / "mrv2_harness"))
 # Each engine in a process forked from one that has imported vLLM already (support/fork_server.py).

@@ -456,3 +456,21 @@ def test_adapt_stays_bounded_resumes_and_stops_a_stuck_round(tmp_path):
         asyncio.run(adapter._subprocess(["-c", "import time; time.sleep(60)"],
                                         tmp_path / "stuck.log"))
     assert time.monotonic() - started < 10
+
+
+def test_the_training_work_dir_never_defaults_beside_its_output(tmp_path, monkeypatch):
+    """``train --out LAYERS/new`` in a server's reload directory: the trainer state (read back
+    on resume) goes to the user's cache or ``$VLLM_MTP_WORK_ROOT``, never below LAYERS; a re-run
+    finds the same directory."""
+    from vllm_mtp_plugin.tools.train.cli import default_work_dir
+
+    layers = tmp_path / "layers"
+    monkeypatch.delenv("VLLM_MTP_WORK_ROOT", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    work = default_work_dir(layers / "new")
+    assert work.parent == tmp_path / "cache" / "vllm-mtp" / "train"
+    assert work.name.startswith("new-") and work == default_work_dir(layers / "x" / ".." / "new")
+    assert default_work_dir(tmp_path / "elsewhere" / "new") != work
+    monkeypatch.setenv("VLLM_MTP_WORK_ROOT", str(tmp_path / "root"))
+    assert default_work_dir(layers / "new").parent == tmp_path / "root"
+    assert not default_work_dir(layers / "new").is_relative_to(layers)

@@ -13,7 +13,7 @@ import pytest
 
 from vllm_mtp_plugin.tools.bench.prompts import load_prompts
 from vllm_mtp_plugin.tools.tiny import trained
-from vllm_mtp_plugin.tools.train.cli import DEFAULT_PROMPTS
+from vllm_mtp_plugin.tools.train.cli import DEFAULT_PROMPTS, default_work_dir
 from vllm_mtp_plugin.tools.train.data import load_training_prompts
 
 from support.engines import engine_runner
@@ -39,6 +39,8 @@ def test_train_a_layer_for_a_target_without_one_and_serve_it(tmp_path):
     bare = trained.write_checkpoint(tmp_path / "bare", mtp_layers=0)
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env.pop("VLLM_MTP_WORK_ROOT", None)  # the default: the user's cache
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     done = subprocess.run(
         [sys.executable, "-m", "vllm_mtp_plugin.tools.cli", "train", str(bare), "--out", str(out),
          "--steps", "150", "--batch-size", "16", "--samples-per-prompt", str(SAMPLES_PER_PROMPT),
@@ -54,6 +56,11 @@ def test_train_a_layer_for_a_target_without_one_and_serve_it(tmp_path):
     assert record["held_out"]["accuracy"][0] > 0.2
     assert json.loads((out / "config.json").read_text())["num_nextn_predict_layers"] == 1
     trained_rate = acceptance(out)
-    untrained_rate = acceptance(tmp_path / "out.work" / "scaffold")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("VLLM_MTP_WORK_ROOT", raising=False)
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        work = default_work_dir(out)
+    assert work.is_relative_to(tmp_path / "cache") and not list(tmp_path.glob("out.*"))
+    untrained_rate = acceptance(work / "scaffold")
     assert trained_rate > 0.25 and trained_rate > untrained_rate + 0.2, (trained_rate,
                                                                           untrained_rate)

@@ -1,6 +1,7 @@
 """``vllm-mtp train TARGET --out DIR``: train the MTP layer(s) of TARGET on its own outputs.
 
-Three stages, each resumable from the work directory (``--work-dir``, default ``DIR.work``):
+Three stages, each resumable from the work directory (``--work-dir``, default
+``default_work_dir(DIR)``, outside DIR's directory):
 
 1. collect: the target continues the prompts through vLLM and the drafter's inputs are recorded
    (``collect.py``; a separate process, whose engine memory is gone before training);
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import os
 import subprocess
 import sys
 from importlib import resources
@@ -28,7 +31,21 @@ from .target import TrainInputError, open_target
 from .trainer import TrainSettings
 
 DEFAULT_PROMPTS = "data/train_prompts.jsonl"
+WORK_ROOT_ENV = "VLLM_MTP_WORK_ROOT"
 
+
+def default_work_dir(out: Path) -> Path:
+    """Where a run for ``out`` keeps its state when ``--work-dir`` is not given: below
+    ``$VLLM_MTP_WORK_ROOT`` or the user's cache, named after ``out``'s absolute path, so a
+    re-run resumes. Never beside ``out``: in a
+    fleet set-up ``out`` lies in a server's reload directory, and the work directory holds the
+    trainer state that a resume reads back."""
+    root = os.environ.get(WORK_ROOT_ENV)
+    if not root:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        root = cache / "vllm-mtp" / "train"
+    key = hashlib.sha256(str(Path(out).resolve()).encode()).hexdigest()[:12]
+    return Path(root) / f"{Path(out).name}-{key}"
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -42,7 +59,10 @@ def parser() -> argparse.ArgumentParser:
                         "GPUs with --sharding and --train-only (counted on the meta device), "
                         "and exit")
     p.add_argument("--work-dir", help="collected data, trainer state and logs (default: "
-                                      "OUT.work); a re-run with the same options resumes there")
+                                      f"${WORK_ROOT_ENV}/OUTNAME-HASH, else "
+                                      "$XDG_CACHE_HOME/vllm-mtp/train/... or ~/.cache/...: never "
+                                      "beside OUT, which may lie in a server's reload "
+                                      "directory); a re-run with the same options resumes there")
     p.add_argument("--prompts", help="prompt file: plain text lines, JSONL with 'prompt' or "
                                      "'messages', or ShareGPT JSON (default: a bundled set of "
                                      "short code and prose openings)")
@@ -226,8 +246,10 @@ def _run(args) -> int:
                              step_weight=args.step_weight, loss=args.loss,
                              init=resolve_init(args.init, target), train_only=groups,
                              seed=args.seed, sharding=args.sharding)
-    work = Path(args.work_dir or f"{out}.work")
-    work.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
+    work.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not args.work_dir:
+        print(f"      work directory: {work} (--work-dir to choose)", flush=True)
     if args.data:
         print(f"[1/3] recorded data: {sequences} sequences, {tokens} tokens in {args.data} (no "
               "collection)", flush=True)
