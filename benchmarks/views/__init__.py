@@ -29,6 +29,11 @@ VIEWS: dict[str, View] = {
     "trained-quality-sentence": View(model.quality_sentence, (model.RECORD,)),
     "trained-parameters": View(model.parameters, (model.RECORD,)),
     "trained-training-time": View(model.training_time, (model.RECORD,)),
+    "trained-size": View(model.size, (model.RECORD,)),
+    **{f"trained-corpus-{kind}": View(partial(model.corpus_characters, kind), (model.RECORD,))
+       for kind in ("prose", "code")},
+    "trained-tokens-seen": View(model.tokens_seen, (model.RECORD,)),
+    "trained-metrics-exact": View(model.metrics_exact, (model.RECORD,)),
     "trained-acceptance": View(acceptance.trained_acceptance, TRAINED),
     "trained-acceptance-intervals": View(acceptance.trained_intervals, TRAINED),
     "trained-first-position-t0": View(partial(acceptance.first_position_range, 0.0), TRAINED),

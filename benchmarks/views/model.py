@@ -47,3 +47,33 @@ def quality_sentence() -> str:
 
 def parameters() -> str:
     return f"{load(RECORD)['parameters'] / 1e6:.1f} M"
+
+
+def size() -> str:
+    """"8.37 M parameters, 16.7 MB in bf16": the record's parameter count, two bytes each."""
+    count = load(RECORD)["parameters"]
+    return f"{count / 1e6:.2f} M parameters, {2 * count / 1e6:.1f} MB in bf16"
+
+
+def corpus_characters(kind: str) -> str:
+    """"5.7 M characters to train on, 0.5 M held out"."""
+    corpus = load(RECORD)["corpus"]
+    train, held = (corpus[f"{kind}_{part}"]["characters"] / 1e6 for part in ("train", "held_out"))
+    return f"{train:.1f} M characters to train on, {held:.1f} M held out"
+
+
+def tokens_seen() -> str:
+    """"9.8 M tokens, 3.3 passes over the 3.0 M training tokens"."""
+    record = load(RECORD)
+    seen, train = record["history"]["tokens_seen"], record["train_tokens"]
+    return (f"{seen / 1e6:.1f} M tokens, {seen / train:.1f} passes over the {train / 1e6:.1f} M "
+            f"training tokens")
+
+
+def metrics_exact() -> str:
+    """"perplexity 36.40 / 15.82 and MTP top-1 0.362 / 0.504 (prose / code)": the record's
+    held-out figures at the precision a rebuild is compared at."""
+    m = load(RECORD)["metrics"]
+    return (f"perplexity {m['prose']['perplexity']:.2f} / {m['code']['perplexity']:.2f} and MTP "
+            f"top-1 {m['prose']['mtp_top1_accuracy']:.3f} / {m['code']['mtp_top1_accuracy']:.3f} "
+            f"(prose / code)")
