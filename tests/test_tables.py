@@ -239,3 +239,25 @@ def test_verification_below_its_floor_is_flagged():
     assert "verify / floor 0.92" in floor_problems(row)[0]
     assert floor_problems({**row, "verify_over_floor": 0.97}) == []  # within the timer tolerance
     assert "Verification below its floor" in VIEWS["verify-bench"].render()
+
+
+@pytest.mark.parametrize("name", ["bench", "trained"])
+def test_tunes_check_records_its_run_and_machine(name):
+    run = json.loads((ROOT / f"benchmarks/results/tune-{name}/check.json").read_text())["run"]
+    assert run["commit"] and run["argv"] and run["date"] and run["cpu"] and run["cpus"]
+
+
+def test_the_shipped_models_record_says_what_was_not_recorded():
+    """No commit, date, command or machine was written when the shipped weights were trained:
+    the record says so (no value filled in afterwards), and so do the docs."""
+    run = json.loads((ROOT / "vllm_mtp_plugin/tools/data/trained/training.json").read_text())["run"]
+    assert run["recorded"] is False
+    assert [run[k] for k in ("commit", "date", "argv", "cpu", "cpus")] == [None] * 5
+    assert "recorded no commit, date, machine or command line" in VIEWS["trained-quality"].render()
+
+
+def test_a_run_records_the_machine_it_ran_on():
+    from vllm_mtp_plugin.tools.provenance import machine
+
+    facts = machine()
+    assert facts["cpu"] and facts["cpus"] >= 1 and isinstance(facts["cpu_flags"], list)
