@@ -8,6 +8,10 @@ A generated part sits between ``<!-- results: NAME -->`` and ``<!-- /results -->
 their own for a table, inside a sentence for one figure. What is between them is replaced by what
 ``NAME`` renders from ``benchmarks/results/`` (``views/``); everything else is left as written.
 A figure typed by hand drifts from the run it came from; one rendered from the results file cannot.
+
+The pictures (``docs/*.png``, ``benchmarks/results/**/*.png``) are drawn from the same results and
+carry the data they plot (``views/plots.py``): ``--check`` compares it with the results, with the
+standard library alone; a rewrite draws again, with matplotlib, only the pictures that differ.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # PYTHONPATH and no third-party package (``tests/test_prose_numbers.py`` runs it so).
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from views import VIEWS  # noqa: E402  (benchmarks/views/, beside this file)
+from views import VIEWS, plots  # noqa: E402  (benchmarks/views/, beside this file)
 
 DOCS = ("README.md", "benchmarks/README.md", "docs/*.md")
 PART = re.compile(r"<!-- results: (?P<name>[\w.:-]+) -->(?P<body>.*?)<!-- /results -->", re.S)
@@ -86,10 +90,14 @@ def run(check: bool, root: Path = ROOT) -> int:
         else:
             path.write_text(new)
             print(f"rewrote {where}")
+    pictures = plots.refresh(check) if root == ROOT else []  # the checkout's own pictures
+    if pictures:
+        print("\n".join(pictures))
+        print(f"{len(pictures)} picture(s) drawn from other data than benchmarks/results: "
+              f"python benchmarks/tables.py draws them (with matplotlib)")
     if check and stale:
         print(f"\n{len(stale)} doc(s) differ from benchmarks/results: run python benchmarks/tables.py")
-        return 1
-    return 0
+    return 1 if check and (stale or pictures) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

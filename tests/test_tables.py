@@ -261,3 +261,35 @@ def test_a_run_records_the_machine_it_ran_on():
 
     facts = machine()
     assert facts["cpu"] and facts["cpus"] >= 1 and isinstance(facts["cpu_flags"], list)
+
+
+def test_every_picture_is_drawn_from_the_results_and_known_to_tables():
+    from views import plots
+
+    known = {p.path for p in plots.pictures()}
+    on_disk = {p.relative_to(ROOT).as_posix() for pattern in ("docs/*.png",
+                                                              "benchmarks/results/**/*.png")
+               for p in ROOT.glob(pattern)}
+    assert on_disk == known, (f"pictures tables.py does not draw: {on_disk - known}; "
+                              f"missing: {known - on_disk}")
+    assert [p.path for p in plots.pictures() if plots.stale(p)] == []
+
+
+def test_a_picture_with_other_data_than_its_results_is_stale(tmp_path, monkeypatch):
+    import shutil
+
+    from views import plots
+
+    shutil.copy(ROOT / "docs/live-adapt.png", tmp_path / "x.png")
+    figures = {"acceptance": [0.5, 0.6]}
+    picture = plots.Picture("x.png", lambda: figures, lambda: True, "x")
+    monkeypatch.setattr(plots, "ROOT", tmp_path)
+    monkeypatch.setattr(plots, "pictures", lambda: [picture])
+    plots.embed(tmp_path / "x.png", {"data": {"acceptance": [0.5, 0.7]}})  # drawn from other data
+    assert plots.stale(picture)
+    assert plots.refresh(check=True) == ["x.png: drawn from other data than its results"]
+    assert plots.refresh(check=False) == [] and not plots.stale(picture)  # drawn, data written
+    kinds = [kind for kind, _ in plots.chunks((tmp_path / "x.png").read_bytes())]
+    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND" and kinds.count(b"zTXt") == 1
+    figures["acceptance"][1] = 0.8  # the results move on
+    assert plots.stale(picture)
