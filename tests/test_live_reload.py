@@ -23,6 +23,7 @@ from vllm_mtp_plugin.tools.live.reload_client import main as reload_main, reques
 from vllm_mtp_plugin.tools.tiny import trained
 
 from support.checkpoint_edits import edited_copy, noise
+from support.faults import fault_env
 from support.recorded import recorded_requests, sent_requests
 from support.target_greedy import mismatches
 
@@ -210,21 +211,33 @@ def test_reload_command_line(layers, capsys):
                     "target's vocab-parallel embedding (tests/test_tensor_parallel.py)")
 def test_reload_reaches_every_tensor_parallel_rank(layers):
     """TP = 2 (one worker process per rank, gloo): each rank loads its half of the layer; after
-    the swap every rank drafts with it - acceptance equals the TP = 2 server started with it."""
+    the swap every rank drafts with it - acceptance equals the TP = 2 server started with it.
+    Then a reload that loads on rank 0 and fails mid-load on rank 1 (a fault injected: a read
+    error after two tensors): the answer is 500, the version that served is put back on both
+    ranks, and the server drafts exactly as before (tokens and counters)."""
     root = layers["root"]
     tp2 = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"]
     bind = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    failing = edited_copy(layers["good"], root / "layers" / "fail-on-rank-1-noised", tensors=noise(
+        f"model.layers.{trained.ARCH.num_hidden_layers}.", 1.0))
     with _serve(layers["noised"], root / "tp2-serve.log", "--reload-api-key", ADMIN,
-                "--enable-layer-reload", str(root / "layers"), *tp2, env=bind) as server:
+                "--enable-layer-reload", str(root / "layers"), "--reload-min-interval", "0",
+                *tp2, env={**bind, **fault_env("reload-fails-on-rank-1")}) as server:
         _, before = _greedy(server, PROMPTS[:3])
         status, answer = request_reload(server.base_url, str(layers["good"]), ADMIN)
         assert status == 200, answer
         assert len(answer["workers"]) == 2 and all("error" not in w for w in answer["workers"])
         swapped_tokens, swapped = _greedy(server, PROMPTS[:3])
+        status, answer = request_reload(server.base_url, str(failing), ADMIN)
+        assert status == 500 and "injected read error on rank 1" in answer["error"], answer
+        assert answer["workers_failed"] == 1 and answer["realigned"] is True, answer
+        assert answer["version"] == 1 and _layer(server)["version"] == 1
+        assert _layer(server)["ranks_differ"] is False
+        realigned_tokens, realigned = _greedy(server, PROMPTS[:3])
     with _serve(layers["good"], root / "tp2-fresh.log", *tp2, env=bind) as fresh:
         fresh_tokens, fresh_counts = _greedy(fresh, PROMPTS[:3])
-    assert swapped_tokens == fresh_tokens
-    assert swapped == fresh_counts
+    assert swapped_tokens == fresh_tokens == realigned_tokens
+    assert swapped == fresh_counts == realigned
     assert swapped["acceptance_rate"] > before["acceptance_rate"] + 0.3
 
 

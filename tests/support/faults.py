@@ -13,7 +13,11 @@ files say.
 ``MTP_TEST_FAULT=round-1-head``: a layer reloaded from a directory named ``round-1`` (``--adapt``'s
 first candidate) drafts through the shifted head, any other layer normally: a candidate that is
 better on held-out data (evaluated outside vLLM) yet serves worse, which ``--adapt`` must roll
-back. Installed by the suite's
+back.
+``MTP_TEST_FAULT=reload-fails-on-rank-1``: a reload of a directory whose name starts with
+``fail-on-rank-1`` fails on tensor-parallel rank 1 after two of the layer's tensors were loaded (a
+read error mid-load), and loads normally on every other rank: the server must put the version that
+served back on every rank. Installed by the suite's
 ``sitecustomize`` (``tests/mrv2_harness``) in every process a test starts or vLLM spawns, when
 the module is imported (an import hook: nothing is imported early).
 """
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from vllm_mtp_plugin.patches.import_hooks import after_import
 
-FAULTS = ("drafter-head-some", "drafter-norms", "round-1-head")
+FAULTS = ("drafter-head-some", "drafter-norms", "round-1-head", "reload-fails-on-rank-1")
 SOME_EVERY = 14
 HARNESS = str(Path(__file__).resolve().parents[1] / "mrv2_harness")  # the suite's sitecustomize
 
@@ -91,6 +95,36 @@ def _shift_head_of_round_1(module) -> None:
     extension.reload_mtp_layer = reload_mtp_layer
 
 
+def _fail_reload_on_rank_1(module) -> None:
+    from pathlib import Path
+
+    extension = module.LiveWorkerExtension
+    reload = extension.reload_mtp_layer
+
+    def reload_mtp_layer(self, path: str, served_config: dict) -> dict:
+        import vllm_mtp_plugin.reload as reload_module
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        if not (Path(path).name.startswith("fail-on-rank-1")
+                and get_tensor_model_parallel_rank() == 1):
+            return reload(self, path, served_config)
+        real = reload_module.mtp_weights
+
+        def weights(checkpoint, first):
+            for i, item in enumerate(real(checkpoint, first)):
+                if i == 2:
+                    raise OSError("injected read error on rank 1 after 2 of the layer's tensors")
+                yield item
+
+        reload_module.mtp_weights = weights
+        try:
+            return reload(self, path, served_config)
+        finally:
+            reload_module.mtp_weights = real
+
+    extension.reload_mtp_layer = reload_mtp_layer
+
+
 def _shift_head_when_flagged(module) -> None:
     predictor = module.DeepSeekMultiTokenPredictor
     original = predictor.compute_logits
@@ -105,6 +139,9 @@ def _shift_head_when_flagged(module) -> None:
 
 
 def install(name: str) -> None:
+    if name == "reload-fails-on-rank-1":
+        after_import("vllm_mtp_plugin.live_worker", _fail_reload_on_rank_1)
+        return
     if name == "round-1-head":
         after_import("vllm_mtp_plugin.live_worker", _shift_head_of_round_1)
         after_import("vllm_mtp_plugin.models.predictor", _shift_head_when_flagged)

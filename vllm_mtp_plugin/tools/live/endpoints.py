@@ -53,6 +53,9 @@ class LayerVersions:
     def __init__(self, path: str, keep: int = 32):
         self.layers = [{"version": 0, "path": path, "since": time.time(), "start": None}]
         self.keep = max(keep, 2)
+        # Set when a reload failed on some workers and putting the version back failed too;
+        # cleared by the next swap that every worker takes.
+        self.ranks_differ = False
 
     @property
     def current(self) -> dict:
@@ -62,6 +65,7 @@ class LayerVersions:
         """The new version; only the first (what a rollback may return to) and the newest
         ``keep - 1`` are kept, so the history and its /metrics series stay bounded."""
         self.current["end"] = counters
+        self.ranks_differ = False
         self.layers.append({"version": self.current["version"] + 1, "path": path,
                             "since": time.time(), "start": counters})
         if len(self.layers) > self.keep:
@@ -209,8 +213,10 @@ class LiveEndpoints:
         async def layer():
             if self.versions is None:
                 return JSONResponse({"error": "the server is starting"}, 503)
-            return JSONResponse({k: v for k, v in self.versions.current.items()
-                                 if k in ("version", "path", "since", "prefix_cache_reset")})
+            answer = {k: v for k, v in self.versions.current.items()
+                      if k in ("version", "path", "since", "prefix_cache_reset")}
+            answer["ranks_differ"] = self.versions.ranks_differ
+            return JSONResponse(answer)
 
         @router.get(ADAPT_ROUTE)
         async def adapt():
@@ -308,9 +314,12 @@ class LiveEndpoints:
             if errors:
                 _logger().error("vllm-mtp reload of %s failed on %d worker(s): %s", path,
                                 len(errors), errors[0])
-                return 400 if all(r.get("refused") for r in results if "error" in r) else 500, {
-                    "error": self.public(errors[0]), "workers_failed": len(errors),
-                    "version": self.versions.current["version"]}
+                answer = {"error": self.public(errors[0]), "workers_failed": len(errors),
+                          "version": self.versions.current["version"]}
+                if len(errors) < len(results):
+                    answer["realigned"] = await self._realign(len(results) - len(errors))
+                return 400 if all(r.get("refused") for r in results if "error" in r) else 500, \
+                    answer
             layer = self.versions.swapped(str(path), vllm_counters(get_prometheus_registry()))
             layer["prefix_cache_reset"] = await self.engine.reset_prefix_cache()
             if not layer["prefix_cache_reset"]:
@@ -320,6 +329,26 @@ class LiveEndpoints:
                        layer["version"], path, len(results), seconds)
         return 200, {"version": layer["version"], "path": str(path), "seconds": seconds,
                      "prefix_cache_reset": layer["prefix_cache_reset"], "workers": results}
+
+    async def _realign(self, loaded: int) -> bool:
+        """Some workers (tensor-parallel ranks) took the new layer and others failed (each of
+        those put its previous layer back): load the serving version's layer on every worker
+        again, so all ranks draft with the same layer. False (logged, and ``/mtp/layer`` says
+        ``ranks_differ``) if that fails too."""
+        current = self.versions.current
+        results = await self.engine.collective_rpc("reload_mtp_layer",
+                                                   args=(current["path"], self.served))
+        errors = [r["error"] for r in results if isinstance(r, dict) and "error" in r]
+        if errors:
+            self.versions.ranks_differ = True
+            _logger().error("vllm-mtp reload: %d worker(s) had loaded the new layer; putting "
+                            "version %d back failed on %d: %s. The ranks draft with different "
+                            "layers: reload a layer that loads on every rank, or restart.",
+                            loaded, current["version"], len(errors), errors[0])
+            return False
+        _logger().warning("vllm-mtp reload: %d worker(s) had loaded the new layer; version %d "
+                          "is back on every worker", loaded, current["version"])
+        return True
 
     async def _reset_when_free(self, layer: dict, every_s: float = 0.5,
                                give_up_s: float = 120.0) -> None:
