@@ -148,6 +148,7 @@ LONGEST_FIRST = (
     "test_trained_model.py", "test_tensor_parallel.py", "test_sampling.py", "test_server.py",
     "test_v4_e2e.py", "test_v4_generation.py", "test_compiled_layers.py", "test_train_e2e.py",
     "test_bad_requests.py", "test_live_reload.py", "test_live_adapt.py", "test_live_record.py",
+    "test_install_lines.py",
     "test_aot_cache_patch.py", "test_amx_mla_engine.py", "test_tune_schedule.py", "test_graft.py",
     "test_fork_server.py", "test_preflight.py", "test_load.py", "test_train_data.py",
 )

@@ -131,6 +131,21 @@ def test_vllm_alone_loads_no_plugin_and_keeps_its_own_baseline():
     assert sorted(b["output_tok_s"] for b in baselines(rows).values()) == [11.0, 30.0]
 
 
+def test_an_engine_in_its_own_process_may_receive_the_benchmarks_functions():
+    """The bench sends functions to the workers (step timer, drafter report): across processes
+    vLLM needs its serialization switch for that - vLLM's default process mode, and a caller who
+    exported VLLM_ENABLE_V1_MULTIPROCESSING=1 (``vllm-mtp bench offline`` failed there with
+    "Object of type function is not serializable")."""
+    from vllm_mtp_plugin.tools.engine.offline import child_env
+
+    switch = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+    assert switch not in child_env("plugin", base={})  # in-process: not needed
+    assert child_env("plugin", base={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})[switch] == "1"
+    spawned = child_env("plugin", base={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+                        default_process_mode=True)
+    assert spawned[switch] == "1" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in spawned
+
+
 def test_a_row_keeps_the_generated_tokens_once_and_whether_replays_agreed():
     from vllm_mtp_plugin.tools.bench.analysis import finish_row
 

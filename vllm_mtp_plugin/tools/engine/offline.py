@@ -92,11 +92,14 @@ def child_env(impl: str, base: dict[str, str] | None = None,
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if default_process_mode:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        # The drafter report sends a function to the workers (``collective_rpc``); across
-        # processes vLLM serializes callables only with this switch. Nothing else uses it.
-        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     else:
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if env.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+        # The drafter report and the step timer send functions to the workers
+        # (``collective_rpc``); across processes (vLLM's default, or a caller's
+        # VLLM_ENABLE_V1_MULTIPROCESSING=1) vLLM serializes callables only with this switch,
+        # between this engine's own processes. Nothing else uses it.
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if env.get("VLLM_PLUGINS") == "":
         del env["VLLM_PLUGINS"]
