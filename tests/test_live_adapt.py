@@ -3,8 +3,9 @@ DeepSeek with a noised layer) trains a new one on the traffic it serves and swap
 the OpenAI API, as users run it (compiled, engine core spawned). Its first candidate is better on
 held-out data yet serves worse (a test-only fault, ``tests/support/faults.py`` ``round-1-head``:
 that layer drafts through a shifted head), so it is rolled back; the second is kept. Nothing
-fails, greedy outputs stay the target's own, and the served acceptance of the kept version is
-higher."""
+fails, greedy outputs stay the target's own - those of the requests in flight during each swap
+and rollback (started before the reload began, finished after it ended) checked one by one - and
+the served acceptance of the kept version is higher."""
 
 import json
 import threading
@@ -45,7 +46,7 @@ def adapted(tmp_path_factory):
     noised = edited_copy(good, root / "noised", tensors=noise(
         f"model.layers.{trained.ARCH.num_hidden_layers}.", NOISE))
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
-    sent, failures, stop = [], [], threading.Event()
+    sent, spans, failures, stop, lock = [], [], [], threading.Event(), threading.Lock()
     with Server(noised, ["--speculative-config", spec, "--served-model-name", "t",
                          "--max-model-len", "512", "--dtype", "float32",
                          "--adapt", str(root / "adapt"), "--record-fraction", "1",
@@ -61,11 +62,15 @@ def adapted(tmp_path_factory):
             i = 0
             while not stop.is_set():
                 try:
+                    started = time.time()
                     done = client.completions.create(
                         model="t", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=48,
                         temperature=0.0, extra_body={"return_token_ids": True})
-                    sent.append((list(done.choices[0].prompt_token_ids),
-                                 list(done.choices[0].token_ids)))
+                    pair = (list(done.choices[0].prompt_token_ids),
+                            list(done.choices[0].token_ids))
+                    with lock:  # sent[i] ran from spans[i][0] to spans[i][1]
+                        sent.append(pair)
+                        spans.append((started, time.time()))
                 except Exception as exc:  # noqa: BLE001 - counted: nothing may fail
                     failures.append(repr(exc))
                 i += 1
@@ -86,7 +91,7 @@ def adapted(tmp_path_factory):
             thread.join(60)
         page = metrics.parse_prometheus(urllib.request.urlopen(
             f"http://127.0.0.1:{server.port}/metrics").read().decode())
-    return {"status": status, "sent": sent, "failures": failures, "metrics": page,
+    return {"status": status, "sent": sent, "spans": spans, "failures": failures, "metrics": page,
             "good": good, "log": (root / "serve.log").read_text(errors="replace")}
 
 
@@ -115,6 +120,22 @@ def test_nothing_failed_and_outputs_stay_the_targets_own(adapted):
     assert len(sent) > 20
     middle = len(sent) // 2
     assert mismatches(adapted["good"], sent[:3] + sent[middle - 2:middle + 2] + sent[-3:]) == []
+
+
+def test_requests_in_flight_during_each_swap_give_the_targets_tokens(adapted):
+    """Each swap and rollback happened while requests ran (two clients, back to back): the
+    ones that spanned the whole reload - weights replaced under them between two steps - give
+    the target's own greedy tokens."""
+    swaps = [e for e in adapted["status"]["history"] if e["event"] in ("swapped", "rolled back")]
+    assert len(swaps) == 3, swaps
+    across = []
+    for swap in swaps:
+        began = swap["time"] - swap["reload_seconds"]
+        spanning = [i for i, (start, end) in enumerate(adapted["spans"])
+                    if start < began and end > swap["time"]]
+        assert spanning, (swap, adapted["spans"][-5:])
+        across += spanning
+    assert mismatches(adapted["good"], [adapted["sent"][i] for i in sorted(set(across))]) == []
 
 
 def test_metrics_show_every_version(adapted):

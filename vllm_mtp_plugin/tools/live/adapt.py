@@ -221,7 +221,8 @@ class Adapter:
             self.state = "recording"
             self._save({"event": "swap refused", "status": status, "error": answer.get("error")})
             return
-        self._save({"event": "swapped", "version": answer["version"], **_agreements(scores)})
+        self._save({"event": "swapped", "version": answer["version"],
+                    "reload_seconds": answer["seconds"], **_agreements(scores)})
         self.state = "watching"
         await self._watch(previous=serving)
         self.state = "recording"
@@ -257,8 +258,8 @@ class Adapter:
                     status, answer = await self.endpoints.reload(previous["path"])
                     self._save({"event": "rolled back" if status == 200 else "rollback failed",
                                 "from_version": new["version"], "to": previous["path"],
-                                "answer_status": status, "served": _served(counts, new,
-                                                                            previous)})
+                                "answer_status": status, "reload_seconds": answer.get("seconds"),
+                                "served": _served(counts, new, previous)})
                 else:
                     self._save({"event": "kept after watching", "version": new["version"],
                                 "served": _served(counts, new, previous)})
