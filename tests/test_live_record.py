@@ -190,6 +190,7 @@ def test_metrics_count_what_was_recorded(served):
     # the workers wrote the windows' own rows only: at most one per recorded token (requests
     # that share a prefix share its rows), none of the concurrent traffic's
     assert 0 < figures["written_rows"] <= figures["recorded_tokens"], figures
+    assert figures["calls_matched_by_tokens"] == 0, figures  # every row told by its request
     assert 0 < figures["window_seconds"] < 120, figures
     sizes = sum(p.stat().st_size for p in served["dir"].glob("shard-*.safetensors"))
     assert figures["directory_bytes"] == sizes, figures

@@ -2,6 +2,7 @@
 the recording directory (whole, owner-only, bounded shards) and ``train --data``'s checks."""
 
 import asyncio
+import json
 import os
 import stat
 import subprocess
@@ -77,6 +78,16 @@ def test_options_refused_with_the_reason(tmp_path, argv, message):
     assert message in str(info.value)
 
 
+def test_vllms_dev_mode_is_refused(tmp_path, monkeypatch):
+    """VLLM_SERVER_DEV_MODE=1 makes vLLM serve POST /collective_rpc without a key: any client
+    could call the worker extension's methods (reload from any path, record everything)."""
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    with pytest.raises(LiveOptionError, match="Unset VLLM_SERVER_DEV_MODE"):
+        split_live_options(["model", "--record", str(tmp_path / "r"), *SPEC])
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "0")
+    assert split_live_options(["model", "--record", str(tmp_path / "r"), *SPEC])[0].record
+
+
 def test_serve_refuses_bad_options_before_vllm_starts(tmp_path, capsys):
     from vllm_mtp_plugin.tools.cli import main
 
@@ -111,17 +122,20 @@ def test_tap_hands_over_each_finished_completion(monkeypatch, kind):
 
     monkeypatch.setattr(AsyncLLM, "generate", generate)
     heard = []
-    tap.install(lambda engine, p, o: heard.append((p, o)))
+    tap.install(lambda engine, p, o, salt: heard.append((p, o, salt)))
     try:
         params = SamplingParams(n=2, output_kind=getattr(RequestOutputKind, kind))
 
-        async def consume(request_id):
-            return [o async for o in AsyncLLM.generate(None, "x", params, request_id)]
+        async def consume(request_id, prompt="x"):
+            return [o async for o in AsyncLLM.generate(None, prompt, params, request_id)]
 
         assert asyncio.run(consume("user-1")) == stream  # passed on unchanged
-        assert heard == [([1, 2, 3], [7, 8]), ([1, 2, 3], [9, 10, 11])]
+        assert heard == [([1, 2, 3], [7, 8], None), ([1, 2, 3], [9, 10, 11], None)]
         asyncio.run(consume(tap.OWN_REQUEST_PREFIX + "1"))  # the recorder's own: not offered
         assert len(heard) == 2
+        # a tenant's cache salt (the OpenAI server's rendered input) reaches the recorder
+        asyncio.run(consume("user-2", {"prompt_token_ids": [1, 2, 3], "cache_salt": "t-a"}))
+        assert heard[2:] == [([1, 2, 3], [7, 8], "t-a"), ([1, 2, 3], [9, 10, 11], "t-a")]
     finally:
         tap.uninstall()
     assert AsyncLLM.generate is generate
@@ -137,7 +151,7 @@ def test_tap_skips_aborted_completions_and_survives_a_failing_listener(monkeypat
 
     monkeypatch.setattr(AsyncLLM, "generate", generate)
 
-    def failing(engine, p, o):
+    def failing(engine, p, o, salt):
         raise ValueError("listener bug")
 
     tap.install(failing)
@@ -226,6 +240,12 @@ def test_a_replacement_layer_is_checked_before_any_weight_moves(checkpoints, tmp
         check_replacement(no_norm, config)
     with pytest.raises(ReloadRefused, match="no config.json"):
         check_replacement(tmp_path, config)
+    fifo = edited_copy(served, tmp_path / "fifo")
+    os.mkfifo(fifo / "extra.safetensors")  # would block a reader, and the reloads after it
+    with pytest.raises(ReloadRefused, match="extra.safetensors not regular files"):
+        check_replacement(fifo, config)
+    with pytest.raises(ReloadRefused, match="cannot be read"):  # ENAMETOOLONG: 400, not 500
+        check_replacement(tmp_path / ("x" * 300), config)
 
 
 def test_shared_modules_are_out_of_the_drafter_during_a_reload():
@@ -415,18 +435,35 @@ def test_the_bound_holds_when_another_server_removes_shards_meanwhile(tmp_path, 
     assert shards.directory_bytes(tmp_path) == one
 
 
-def test_a_recording_directory_others_can_write_is_refused(tmp_path):
+def test_directories_others_can_write_or_own_are_refused(tmp_path):
+    """--record, --enable-layer-reload and --adapt directories: another user who may write
+    there (or owns it) could plant shards or a layer the server loads. Nothing is chmod-ed."""
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
     with pytest.raises(LiveOptionError, match="writable by other users \\(mode 777\\)"):
         split_live_options(["model", "--record", str(shared), *SPEC])
+    shared.chmod(0o775)
+    with pytest.raises(LiveOptionError, match="--enable-layer-reload .*mode 775"):
+        split_live_options(["model", "--enable-layer-reload", str(shared), *SPEC,
+                            "--reload-api-key", "k"])
+    with pytest.raises(LiveOptionError, match="--adapt .*mode 775"):
+        split_live_options(["model", "--adapt", str(shared), *SPEC, "--reload-api-key", "k",
+                            "--kv-cache-memory-bytes", "1G"])
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o775
+    if os.getuid() == 0:  # as root: a directory handed to another user
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(LiveOptionError, match="owned by another user \\(uid 65534\\)"):
+            split_live_options(["model", "--record", str(theirs), *SPEC])
 
 
 def test_adapt_stays_bounded_resumes_and_stops_a_stuck_round(tmp_path):
-    """Weeks of --adapt: old candidates and round work directories go (the serving layer and its
-    rollback target stay), a restart numbers rounds on and loads the layer that served, a round
-    process that hangs is stopped."""
+    """Weeks of --adapt: old candidates and rounds go (the serving layer and its rollback
+    target stay), a restart numbers rounds on and loads the layer that served, a second server
+    on the DIR is refused, a failed write of adapt.json stops nothing, a round process that
+    hangs is stopped."""
     from vllm_mtp_plugin.tools.live import adapt
     from vllm_mtp_plugin.tools.live.endpoints import LayerVersions
     from vllm_mtp_plugin.tools.live.options import AdaptSettings
@@ -437,6 +474,8 @@ def test_adapt_stays_bounded_resumes_and_stops_a_stuck_round(tmp_path):
         (layers / f"round-{n}").mkdir(parents=True)
         (layers / f"round-{n}" / "config.json").write_text("{}")
         (root / "rounds" / str(n) / "work").mkdir(parents=True)
+        (root / "rounds" / str(n) / "data").mkdir()
+        (root / "rounds" / str(n) / "train.log").write_text("log")
     versions = LayerVersions("/srv/model")
     for n in (1, 2):  # round-2 serves, round-1 is its rollback target
         versions.swapped(str((layers / f"round-{n}").resolve()), {})
@@ -447,10 +486,17 @@ def test_adapt_stays_bounded_resumes_and_stops_a_stuck_round(tmp_path):
     adapter._save({"event": "kept"})
     adapter._prune()
     assert sorted(p.name for p in layers.iterdir()) == ["round-1", "round-2", "round-5", "round-6"]
-    assert sorted(p.parent.name for p in (root / "rounds").glob("*/work")) == ["5", "6"]
+    assert sorted(p.name for p in (root / "rounds").iterdir()) == ["5", "6"]
+    with pytest.raises(adapt.LiveOptionError, match="another server adapts in this directory"):
+        adapt.Adapter(AdaptSettings(root), recorder, endpoints)
+    adapter.lock.close()  # the first server stopped
     again = adapt.Adapter(AdaptSettings(root), recorder, endpoints)
     assert again.round == 6 and again.resume_from == (layers / "round-2").resolve()
     assert again.history[-1]["event"] == "kept"
+    (root / "adapt.json.partial").mkdir()  # adapt.json cannot be written (as on a full disk)
+    again._save({"event": "kept after watching"})
+    assert again.history[-1]["event"] == "kept after watching"
+    assert json.loads((root / "adapt.json").read_text())["history"][-1]["event"] == "kept"
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="still ran after 0.5 s"):
         asyncio.run(adapter._subprocess(["-c", "import time; time.sleep(60)"],
@@ -474,3 +520,50 @@ def test_the_training_work_dir_never_defaults_beside_its_output(tmp_path, monkey
     monkeypatch.setenv("VLLM_MTP_WORK_ROOT", str(tmp_path / "root"))
     assert default_work_dir(layers / "new").parent == tmp_path / "root"
     assert not default_work_dir(layers / "new").is_relative_to(layers)
+
+
+def test_the_reload_client_follows_no_redirect_with_the_key(tmp_path):
+    """A server answering 307 elsewhere: the client reports it and the key goes nowhere else."""
+    import http.server
+    import threading
+
+    from vllm_mtp_plugin.tools.live.reload_client import request_reload
+
+    seen = []
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    elsewhere = http.server.HTTPServer(("127.0.0.1", 0), Elsewhere)
+
+    class Redirecting(Elsewhere):
+        def do_POST(self):
+            self.send_response(307)
+            self.send_header("Location", f"http://127.0.0.1:{elsewhere.server_port}/x")
+            self.end_headers()
+
+    redirecting = http.server.HTTPServer(("127.0.0.1", 0), Redirecting)
+    for server in (elsewhere, redirecting):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status, _ = request_reload(f"http://127.0.0.1:{redirecting.server_port}",
+                                   str(tmp_path), "secret-key", timeout=30)
+    finally:
+        for server in (elsewhere, redirecting):
+            server.shutdown()
+    assert status == 307 and seen == []
+
+
+def test_a_short_reload_key_is_warned(tmp_path):
+    live, _ = split_live_options(["model", "--enable-layer-reload", str(tmp_path), *SPEC,
+                                  "--reload-api-key", "k"])
+    assert any("the reload key has 1 characters" in w for w in live.warnings)
+    live, _ = split_live_options(["model", "--enable-layer-reload", str(tmp_path), *SPEC,
+                                  "--reload-api-key", "0123456789abcdef"])
+    assert not any("reload key" in w for w in live.warnings)

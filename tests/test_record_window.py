@@ -78,6 +78,44 @@ def test_only_the_windows_rows_are_taken_in_chunks_and_beside_other_traffic():
     assert window.cursor == [7, 5] and window.rows_kept == 9 and window.rows_dropped == 8
 
 
+def test_rows_of_other_requests_are_dropped_by_owner_whatever_their_tokens():
+    """Another request's decode rows at exactly the position a window request needs next, with
+    exactly its token, placed before the window's own chunk: by tokens alone they would be taken
+    (and the request's own rows then dropped); with the runner's owners they are dropped."""
+    mine = [list(range(10, 20))]
+    ids, pos = [11, 12, 13, 14, 15], [0, 1, 2, 3, 4]
+    foreign = ([16, 99], [5, 6])  # its token at position 5 equals the window's
+    chunk = ([16, 17, 18, 19, 50], [5, 6, 7, 8, 9])
+    by_tokens = WindowRows(mine)
+    by_tokens.take(ids, pos)
+    ranges, segments = by_tokens.take(foreign[0] + chunk[0], foreign[1] + chunk[1])
+    assert segments[0] == (0, 0, 5, 2, 1)  # the foreign rows: what owners prevent
+    by_owner = WindowRows(mine)
+    by_owner.take(ids, pos, own=[True] * 5)
+    ranges, segments = by_owner.take(foreign[0] + chunk[0], foreign[1] + chunk[1],
+                                     own=[False, False] + [True] * 5)
+    assert ranges == [(2, 7)] and segments == [(0, 0, 5, 5, 1)]
+    assert by_owner.cursor == [10] and by_owner.rows_dropped == 2
+
+
+def test_row_owners_read_the_runners_batch():
+    """V1: ``input_batch.req_ids`` with ``query_start_loc`` (rows past the batch: padding);
+    Model Runner V2: ``execute_model_state.input_batch``; a call with fewer rows than the batch
+    (rejected rows dropped) cannot be told: None."""
+    import numpy as np
+
+    from vllm_mtp_plugin.recording_window import row_owners
+
+    v1 = SimpleNamespace(input_batch=SimpleNamespace(num_reqs=2, req_ids=["a", "b", None]),
+                         query_start_loc=SimpleNamespace(cpu=torch.tensor([0, 3, 5, 0])))
+    assert row_owners(v1, 6) == ["a", "a", "a", "b", "b", None]
+    assert row_owners(v1, 4) is None
+    v2 = SimpleNamespace(execute_model_state=SimpleNamespace(input_batch=SimpleNamespace(
+        req_ids=["x", "y"], query_start_loc_np=np.array([0, 1, 4]))))
+    assert row_owners(v2, 4) == ["x", "y", "y", "y"]
+    assert row_owners(SimpleNamespace(), 4) is None
+
+
 def test_a_last_position_alone_is_kept_as_a_candidate_for_one_call():
     """A request whose last chunk is its last position alone: that row's token is the one the
     target samples, unknown to the worker. Lone rows at that position in the next call are kept
@@ -118,7 +156,7 @@ class StandInEngine:
         self.model_config = SimpleNamespace(
             max_model_len=max_model_len, dtype=torch.float32,
             hf_config=SimpleNamespace(), get_hidden_size=lambda: WIDTH)
-        self.prefills = []
+        self.prefills, self.salts = [], []
 
     async def collective_rpc(self, method, args=()):
         if method == "start_mtp_recording":
@@ -127,8 +165,9 @@ class StandInEngine:
         return [recording.stop()]
 
     async def generate(self, prompt, params, request_id):
-        ids = list(prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt)
+        ids = list(prompt["prompt_token_ids"])
         self.prefills.append(len(ids))
+        self.salts.append(prompt.get("cache_salt"))
         next_token = sum(ids) % 97
         foreign = list(range(100, 100 + len(ids) + 2))
         for start in range(0, len(ids), self.chunk):
@@ -143,7 +182,6 @@ class StandInEngine:
 def stand_in(monkeypatch):
     engine = StandInEngine()
     monkeypatch.setattr(recorder_module, "unpatched_generate", lambda: StandInEngine.generate)
-    monkeypatch.setattr(recorder_module, "_token_input", lambda ids: {"prompt_token_ids": ids})
     yield engine
     recording.stop()
 
@@ -174,11 +212,13 @@ def test_windows_write_only_their_requests_within_their_budget(tmp_path, stand_i
                 ([21, 22], list(range(30, 90)))]  # 62 tokens: cut to the window's 40
 
     async def traffic():
-        await _serve(recorder, stand_in, requests, settle=0)
+        recorder.offer(stand_in, *requests[0])
+        recorder.offer(stand_in, *requests[1], cache_salt="tenant-b")  # re-prefilled with it
+        await _serve(recorder, stand_in, requests[2:], settle=0)
         await until(lambda: recorder.stats["recorded"] == 3)
 
     asyncio.run(traffic())
-    assert stand_in.prefills == [10, 22, 40]
+    assert stand_in.prefills == [10, 22, 40] and stand_in.salts == [None, "tenant-b", None]
     assert recorder.stats["cut_requests"] == 1
     assert len(list((tmp_path / "rec").glob("shard-*"))) == 2  # 10 + 22, then 40: the budget
     store = SequenceStore(tmp_path / "rec")

@@ -61,6 +61,7 @@ def test_train_a_layer_for_a_target_without_one_and_serve_it(tmp_path):
         patch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
         work = default_work_dir(out)
     assert work.is_relative_to(tmp_path / "cache") and not list(tmp_path.glob("out.*"))
+    assert not (work / "trainer-state.pt").exists() and (work / "data").is_dir()  # exported
     untrained_rate = acceptance(work / "scaffold")
     assert trained_rate > 0.25 and trained_rate > untrained_rate + 0.2, (trained_rate,
                                                                           untrained_rate)

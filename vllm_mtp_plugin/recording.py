@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 
-from .recording_window import WindowRows
+from .recording_window import WindowRows, row_owners
 
-_state: dict = {"directory": None, "outputs": False, "count": 0, "tag": "", "window": None}
+_state: dict = {"directory": None, "outputs": False, "count": 0, "tag": "", "window": None,
+                "owners": None}
 
 
 def active() -> bool:
@@ -35,30 +36,34 @@ def active() -> bool:
 
 
 def start(directory: str | os.PathLike, outputs: bool = False, tag: str = "",
-          sequences: list[list[int]] | None = None) -> None:
+          sequences: list[list[int]] | None = None, owners=None) -> None:
     """Record every first-step drafter call into ``directory`` (``outputs``: the layer's
     output too, for the parity test between trainer and server); with ``sequences`` (the token
-    ids of each request of a window), only the rows of those requests."""
+    ids of each request of a window), only the rows of those requests. ``owners(rows)``: per
+    row of a call, whether one of the window's requests owns it (None where not known)."""
     Path(directory).mkdir(parents=True, exist_ok=True)
     _state.update(directory=Path(directory), outputs=outputs, count=0, tag=tag, errors=0,
-                  window=WindowRows(sequences) if sequences is not None else None)
+                  window=WindowRows(sequences) if sequences is not None else None,
+                  owners=owners)
 
 
 def stop() -> int:
     """Stop recording; returns the number of calls written (a window's row counts go to
     ``rows-<tag>.json`` in its directory)."""
     count, window, directory = _state["count"], _state["window"], _state["directory"]
-    _state.update(directory=None, count=0, window=None)
+    _state.update(directory=None, count=0, window=None, owners=None)
     if window is not None and directory is not None:
         counts = {"calls": count, "rows_kept": window.rows_kept,
-                  "rows_dropped": window.rows_dropped}
+                  "rows_dropped": window.rows_dropped, "calls_by_tokens": window.calls_by_tokens}
         (Path(directory) / f"rows-{_state['tag']}.json").write_text(json.dumps(counts))
     return count
 
 
-def _window_rows(window: WindowRows, tensors: dict[str, torch.Tensor]) -> dict | None:
+def _window_rows(window: WindowRows, tensors: dict[str, torch.Tensor], owners) -> dict | None:
     """The call's rows of the window's requests, with their ``segments``; None if none."""
-    ranges, segments = window.take(tensors["input_ids"].tolist(), tensors["positions"].tolist())
+    own = owners(len(tensors["positions"])) if owners is not None else None
+    ranges, segments = window.take(tensors["input_ids"].tolist(), tensors["positions"].tolist(),
+                                   own)
     if not segments:
         return None
     index = torch.cat([torch.arange(a, b) for a, b in ranges])
@@ -89,7 +94,8 @@ def record(input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_state
                    "hidden_states": hidden_states[:n]}
         if output is not None and _state["outputs"]:
             tensors["output"] = output[:n]
-        if window is not None and (tensors := _window_rows(window, tensors)) is None:
+        if window is not None and (tensors := _window_rows(window, tensors,
+                                                           _state["owners"])) is None:
             return  # rows of other traffic only: nothing leaves the device
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         _state["count"] = count + 1
@@ -107,16 +113,27 @@ class RecordingWorkerExtension:
     """Methods vLLM adds to its worker class (``LLM(worker_extension_cls=...)``)."""
 
     def start_mtp_recording(self, directory: str, outputs: bool = False,
-                            sequences: list[list[int]] | None = None) -> bool:
+                            sequences: list[list[int]] | None = None,
+                            own_prefix: str | None = None) -> bool:
         """Start on the writing rank only; returns whether this worker records.
-        ``sequences``: a recording window's requests, the only rows written."""
+        ``sequences``: a recording window's requests, the only rows written; ``own_prefix``:
+        how their request ids start (rows of other requests are dropped by their owner)."""
         from vllm.distributed import get_tensor_model_parallel_rank
 
         if get_tensor_model_parallel_rank() != 0:
             return False
         parallel = self.vllm_config.parallel_config
+        owners = None
+        if own_prefix:
+            runner = self.model_runner
+
+            def owners(rows: int) -> list[bool] | None:
+                found = row_owners(runner, rows)
+                return None if found is None else [
+                    owner is not None and owner.startswith(own_prefix) for owner in found]
+
         start(directory, outputs, tag=f"dp{parallel.data_parallel_rank}-pid{os.getpid()}-",
-              sequences=sequences)
+              sequences=sequences, owners=owners)
         return True
 
     def stop_mtp_recording(self) -> int:

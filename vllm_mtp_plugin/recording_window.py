@@ -10,11 +10,16 @@ samples there, which only a row continuing the request's run may carry). A reque
 position order (its prefill, in chunks), so each request has one cursor; rows of a request that
 arrive again (a preempted request computed anew) are not written twice.
 
-A row of other traffic is kept only if it sits at exactly that position with exactly that token
-in the same step, as a request with the same tokens up to there does (its hidden state is then the
-same: causal attention); or, when a request's last chunk is its last position alone (whose token
-is the one the target samples, not known here), if it is a lone row at that position in the next
-call: the recorder then keeps the row that carries the sampled token.
+Rows of other traffic are told apart by their request: the worker maps each row of the call to
+the request that owns it from the model runner's batch (``row_owners``: V1 and Model Runner V2),
+and only rows of the recorder's own requests (their ids start with the prefix it gives) are
+matched at all. Where the runner's layout cannot be read (a drafter batch that dropped rejected
+rows), the tokens alone decide: a row of other traffic is then kept only if it sits at exactly the
+position a window request needs next, with exactly its token, in the same step.
+
+When a request's last chunk is its last position alone (whose token is the one the target
+samples, not known here), a lone row at that position in the next call is kept as a candidate:
+the recorder keeps the one that carries the sampled token.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class WindowRows:
         self.last_next: dict[int, set[int]] = {}  # position -> requests; see ``take``
         self.rows_kept = 0
         self.rows_dropped = 0
+        self.calls_by_tokens = 0  # calls whose rows' owners were not known
 
     def _advance(self, r: int, to: int) -> None:
         fed, here = self.fed[r], self.cursor[r]
@@ -47,34 +53,44 @@ class WindowRows:
         elif to == len(fed):  # a chunk ended just before the last position: next call, alone
             self.last_next.setdefault(to, set()).add(r)
 
-    def _run(self, r: int, ids: list[int], pos: list[int], o: int) -> int:
-        """Rows from ``o`` that continue request r: its tokens at consecutive positions, then
-        its last position or a chunk's last row (a placeholder token; the state is real)."""
+    def _run(self, r: int, ids: list[int], pos: list[int], o: int, rows: int) -> int:
+        """Rows from ``o`` (up to ``rows``) that continue request r: its tokens at consecutive
+        positions, then its last position or a chunk's last row (a placeholder token; the state
+        is real)."""
         fed, last, n = self.fed[r], self.length[r] - 1, 0
-        while (o + n < len(ids) and pos[o + n] == pos[o] + n < last
+        while (o + n < rows and pos[o + n] == pos[o] + n < last
                and fed[pos[o + n]] == ids[o + n]):
             n += 1
         end = o + n
-        if (n and end < len(ids) and pos[end] == pos[o] + n <= last
-                and (pos[end] == last or end + 1 == len(ids) or pos[end + 1] != pos[end] + 1)):
+        if (n and end < rows and pos[end] == pos[o] + n <= last
+                and (pos[end] == last or end + 1 == rows or pos[end + 1] != pos[end] + 1)):
             n += 1
         return n
 
-    def take(self, ids: list[int], pos: list[int]) -> tuple[list[tuple[int, int]],
-                                                             list[tuple[int, int, int, int, int]]]:
+    def take(self, ids: list[int], pos: list[int], own: list[bool] | None = None
+             ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, int, int]]]:
         """``(row ranges to keep, segments)``: each range ``(start, stop)`` of the call's rows;
         each segment ``(request, first kept row, first position, rows, exact)``, the kept row
         counted in the kept rows only (ranges concatenated). ``exact`` 0: a lone row at a
         request's last position in the call after its previous chunk, whose token is the one
         the target sampled there - known to the recorder only once the window ends, which keeps
-        the candidate that carries it."""
+        the candidate that carries it. ``own``: per row, whether a request of the recorder owns
+        it (None: not known); rows of other requests are dropped unread."""
         last_now, self.last_next = self.last_next, {}
+        self.calls_by_tokens += own is None
         ranges, segments, kept, o = [], [], 0, 0
         while o < len(ids):
-            found = [(self._run(r, ids, pos, o), r)
+            if own is not None and not own[o]:
+                self.rows_dropped += 1
+                o += 1
+                continue
+            rows = len(ids)  # a run ends where another request's rows begin
+            if own is not None:
+                rows = next((i for i in range(o, len(ids)) if not own[i]), len(ids))
+            found = [(self._run(r, ids, pos, o, rows), r)
                      for r in list(self.waiting.get((pos[o], ids[o]), ()))]
             found = [(n, r) for n, r in found if n]
-            alone = o + 1 == len(ids) or pos[o + 1] != pos[o] + 1
+            alone = o + 1 == rows or pos[o + 1] != pos[o] + 1
             if not found and alone and last_now.get(pos[o]):
                 for r in sorted(last_now[pos[o]]):
                     segments.append((r, kept, pos[o], 1, 0))
@@ -94,3 +110,26 @@ class WindowRows:
             o += longest
         self.rows_kept += kept
         return ranges, segments
+
+
+def row_owners(runner, rows: int) -> list[str | None] | None:
+    """The request owning each of a drafter call's ``rows`` (its first step), from the model
+    runner's current batch: Model Runner V2's ``execute_model_state.input_batch`` or V1's
+    ``input_batch`` with ``query_start_loc``, whose layout the first step keeps (vLLM's padded
+    drafter batch, the default; rows past the batch are padding, owned by none). None when the
+    call holds fewer rows than the batch (a drafter batch without rejected rows)."""
+    batch = getattr(getattr(runner, "execute_model_state", None), "input_batch", None)
+    if batch is not None and hasattr(batch, "query_start_loc_np"):
+        req_ids, starts = list(batch.req_ids), batch.query_start_loc_np.tolist()
+    else:
+        batch, locs = getattr(runner, "input_batch", None), getattr(runner, "query_start_loc", None)
+        if batch is None or locs is None:
+            return None
+        count = batch.num_reqs
+        req_ids, starts = list(batch.req_ids[:count]), locs.cpu[:count + 1].tolist()
+    if len(starts) != len(req_ids) + 1 or starts[-1] > rows:
+        return None
+    owners: list[str | None] = [None] * rows
+    for req_id, start, stop in zip(req_ids, starts, starts[1:]):
+        owners[start:stop] = [req_id] * (stop - start)
+    return owners

@@ -55,13 +55,20 @@ def check_replacement(path: str | Path, served_config: dict) -> dict:
 
     path = Path(path)
     config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ReloadRefused(f"{path}: no config.json; give a checkpoint directory (what "
-                            "vllm-mtp train --out or vllm-mtp graft --out writes).")
     try:
+        if not config_file.is_file():
+            raise ReloadRefused(f"{path}: no config.json; give a checkpoint directory (what "
+                                "vllm-mtp train --out or vllm-mtp graft --out writes).")
+        odd = sorted(p.name for p in path.iterdir()
+                     if p.name.endswith((".json", ".safetensors")) and not p.is_file())
+        if odd:  # a FIFO or device would block the reader (and every reload after it)
+            raise ReloadRefused(f"{path}: {', '.join(odd)} not regular files; a checkpoint's "
+                                "files are.")
         config = json.loads(config_file.read_text())
     except (ValueError, UnicodeError) as exc:
         raise ReloadRefused(f"{config_file}: not valid JSON ({exc}).") from None
+    except OSError as exc:
+        raise ReloadRefused(f"{path}: cannot be read ({exc.strerror or exc}).") from None
     if not isinstance(config, dict):
         raise ReloadRefused(f"{config_file}: holds a JSON {type(config).__name__}, not the "
                             "object of a model's config.json.")

@@ -86,7 +86,11 @@ def serve(argv: list[str]) -> int:
     if live.adapt is not None:
         from .live.adapt import Adapter
 
-        plugin.adapter = Adapter(live.adapt, recorder, plugin)
+        try:
+            plugin.adapter = Adapter(live.adapt, recorder, plugin)
+        except LiveOptionError as exc:
+            print(f"vllm-mtp serve: {exc}", file=sys.stderr)
+            return 2
 
     sys.argv = ["vllm", "serve", *argv]
     vllm_main()

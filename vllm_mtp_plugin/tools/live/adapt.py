@@ -19,8 +19,11 @@ Every decision is logged and kept in ``DIR/adapt.json`` (the last ``HISTORY`` ev
 ``GET /mtp/adapt``. Run for weeks, the directory stays bounded besides the shards (which
 ``--record-max-gb`` bounds): after each round only the serving layer, its rollback target and the
 newest ``keep_rounds`` candidates stay in ``DIR/layers``, and only the newest ``keep_rounds``
-rounds keep their work directories (trainer state). A server restarted on the same DIR numbers
-its rounds on from the last one and loads the layer that served when it stopped.
+rounds stay in ``DIR/rounds`` (data links, trainer state, logs; the history keeps what they
+decided). A server restarted on the same DIR numbers its rounds on from the last one and loads
+the layer that served when it stopped; a second server on a DIR another one holds is refused
+(``hold_directory``: rounds, pruning and ``adapt.json`` would collide). ``adapt.json`` is
+replaced whole (written aside, then renamed); a failed write is logged and the loop goes on.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from .options import AdaptSettings
+from .options import RELOAD_KEY_ENV, AdaptSettings, LiveOptionError
 
 HISTORY = 500  # events kept in adapt.json and /mtp/adapt
 
@@ -98,6 +101,22 @@ def serving_when_stopped(directory: Path) -> Path | None:
     return path if path.is_relative_to(layers) and (path / "config.json").is_file() else None
 
 
+def hold_directory(directory: Path):
+    """An exclusive lock on ``DIR/.adapt.lock`` for the life of this process (kept open), or
+    ``LiveOptionError`` when another server holds the DIR."""
+    import fcntl
+
+    handle = open(directory / ".adapt.lock", "a")  # noqa: SIM115 - held until the process ends
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise LiveOptionError(f"--adapt {directory}: another server adapts in this directory; "
+                              "give each server a DIR of its own (they may share --record "
+                              "directories, not --adapt ones).") from None
+    return handle
+
+
 def _link_shards(shards: list[Path], into: Path) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     for shard in shards:
@@ -119,6 +138,7 @@ class Adapter:
         self.task: asyncio.Task | None = None
         self.tokens_at_round = 0
         self.resume_from = serving_when_stopped(self.directory)
+        self.lock = hold_directory(self.directory)
 
     def status(self) -> dict:
         versions = getattr(self.endpoints, "versions", None)
@@ -135,8 +155,14 @@ class Adapter:
     def _save(self, event: dict) -> None:
         self.history.append({"time": time.time(), "round": self.round, **event})
         del self.history[:-HISTORY]
-        (self.directory / "adapt.json").write_text(json.dumps(self.status(), indent=1))
         _logger().info("vllm-mtp adapt: %s", json.dumps(event))
+        aside = self.directory / "adapt.json.partial"
+        try:
+            aside.write_text(json.dumps(self.status(), indent=1))
+            aside.replace(self.directory / "adapt.json")
+        except OSError as exc:  # a full disk: the history stays in memory and on /mtp/adapt
+            _logger().error("vllm-mtp adapt: could not write %s (%s); going on",
+                            self.directory / "adapt.json", exc)
 
     async def _resume(self) -> None:
         """Load the layer that served when the server on this DIR stopped (a candidate it had
@@ -180,7 +206,7 @@ class Adapter:
                 shutil.rmtree(path, ignore_errors=True)
         rounds = sorted(_numbered(self.directory / "rounds", ""))
         for number, path in rounds[:-keep] if keep else rounds:
-            shutil.rmtree(path / "work", ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)
         versions.layers[1:-2] = [layer for layer in versions.layers[1:-2]
                                  if Path(layer["path"]).exists()]
 
@@ -272,7 +298,8 @@ class Adapter:
         import signal
 
         threads = str(self.settings.threads)
-        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+        env = {**{k: v for k, v in os.environ.items() if k != RELOAD_KEY_ENV},  # not theirs
+               "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
                "CUDA_VISIBLE_DEVICES": os.environ.get("VLLM_MTP_ADAPT_DEVICES", "")}
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as out:

@@ -201,13 +201,13 @@ class LiveEndpoints:
             try:
                 body = await request.json()
                 path = body["path"]
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 return JSONResponse({"error": 'send {"path": "<checkpoint directory>"}'}, 400)
             if not isinstance(path, str) or not path:
                 return JSONResponse({"error": 'send {"path": "<checkpoint directory>"}'}, 400)
             status, answer = await self.reload(path, over_http=True)
             headers = {"Retry-After": str(answer["retry_after"])} if status == 429 else None
-            return JSONResponse(answer, status, headers=headers)
+            return JSONResponse(self.public_answer(answer), status, headers=headers)
 
         @router.get(LAYER_ROUTE)
         async def layer():
@@ -216,13 +216,13 @@ class LiveEndpoints:
             answer = {k: v for k, v in self.versions.current.items()
                       if k in ("version", "path", "since", "prefix_cache_reset")}
             answer["ranks_differ"] = self.versions.ranks_differ
-            return JSONResponse(answer)
+            return JSONResponse(self.public_answer(answer))
 
         @router.get(ADAPT_ROUTE)
         async def adapt():
             if self.adapter is None:
                 return JSONResponse({"error": "this server runs without --adapt"}, 404)
-            return JSONResponse(self.adapter.status())
+            return JSONResponse(self.public_answer(self.adapter.status()))
 
         app.include_router(router)
 
@@ -270,9 +270,22 @@ class LiveEndpoints:
         except ValueError:
             return "started with"
 
+    def public_answer(self, answer):
+        """``answer`` (JSON values) with ``public`` applied to every string in it."""
+        if isinstance(answer, str):
+            return self.public(answer)
+        if isinstance(answer, dict):
+            return {k: self.public_answer(v) for k, v in answer.items()}
+        if isinstance(answer, list):
+            return [self.public_answer(v) for v in answer]
+        return answer
+
     def public(self, text: str) -> str:
         """``text`` with the server's own paths replaced by the names a client knows."""
         text = text.replace(str(self.settings.directory), "LAYERS")
+        if self.adapter is not None:  # --adapt DIR: its rounds' logs and data
+            for form in {str(self.adapter.directory.resolve()), str(self.adapter.directory)}:
+                text = text.replace(form, "DIR")
         if self.versions is not None:
             text = text.replace(self.versions.layers[0]["path"], "the served checkpoint")
         return text

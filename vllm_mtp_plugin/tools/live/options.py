@@ -197,6 +197,11 @@ def split_live_options(argv: list[str]) -> tuple[LiveSettings, list[str]]:
         return settings, rest
     what = ("--adapt" if settings.adapt else "--record" if settings.record
             else "--enable-layer-reload")
+    if os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in ("", "0"):
+        raise LiveOptionError(
+            f"{what} with VLLM_SERVER_DEV_MODE set: vLLM then serves POST /collective_rpc "
+            "without any key, through which a client could call the worker methods these options "
+            "add (load a layer from any path, record every request). Unset VLLM_SERVER_DEV_MODE.")
     method = _speculative_method(rest)
     if method not in ("mtp", "deepseek_mtp"):
         raise LiveOptionError(
@@ -211,6 +216,12 @@ def split_live_options(argv: list[str]) -> tuple[LiveSettings, list[str]]:
     if servers not in (None, "1"):
         raise LiveOptionError(f"{what} runs in the API server process and supports one: leave "
                               f"out --api-server-count {servers}.")
+    key = settings.reload.api_key if settings.reload else None
+    if key is not None and len(key) < 16:
+        settings.warnings.append(f"the reload key has {len(key)} characters: whoever guesses it "
+                                 "replaces the drafter; use 16 or more random ones (e.g. "
+                                 "openssl rand -hex 16), best through the environment "
+                                 f"({RELOAD_KEY_ENV}: not visible in the process list).")
     if _unsized_cpu_kv_cache(rest):
         if settings.adapt:
             raise LiveOptionError(
@@ -267,16 +278,24 @@ def _record_settings(ours) -> RecordSettings:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not os.access(directory, os.W_OK):
         raise LiveOptionError(f"--record {directory}: not writable by this user.")
-    mode = directory.stat().st_mode & 0o777
-    if mode & 0o022:
-        raise LiveOptionError(f"--record {directory}: writable by other users (mode {mode:o}), "
-                              "who could replace or add shards of served traffic; chmod 700 it "
-                              "or give a new directory.")
+    _only_ours(directory, "--record", "replace or add shards of served traffic")
     return RecordSettings(
         directory=directory, fraction=ours.record_fraction,
         max_bytes=int(ours.record_max_gb * 2**30), seed=ours.record_seed,
         window_tokens=ours.record_window_tokens, min_free_bytes=int(ours.record_min_free_gb * 2**30),
         max_age_s=None if ours.record_max_age is None else ours.record_max_age * 3600)
+
+
+def _only_ours(directory: Path, what: str, harm: str) -> None:
+    """Refuse a directory another user owns or may write to: they could ``harm``."""
+    info = directory.stat()
+    mode = info.st_mode & 0o777
+    if info.st_uid != os.getuid():
+        raise LiveOptionError(f"{what} {directory}: owned by another user (uid {info.st_uid}), "
+                              f"who could {harm}; give a directory of this user's.")
+    if mode & 0o022:
+        raise LiveOptionError(f"{what} {directory}: writable by other users (mode {mode:o}), "
+                              f"who could {harm}; chmod go-w it or give a new directory.")
 
 
 def _adapt_implies(ours) -> None:
@@ -292,8 +311,9 @@ def _adapt_implies(ours) -> None:
     root = Path(ours.adapt).expanduser()
     if root.exists() and not root.is_dir():
         raise LiveOptionError(f"--adapt {root}: exists and is not a directory.")
-    (root / "layers").mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(root, 0o700)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _only_ours(root, "--adapt", "replace the layers it serves or the shards it trains on")
+    (root / "layers").mkdir(mode=0o700, exist_ok=True)
     ours.record = str(root / "shards")
     ours.enable_layer_reload = str(root / "layers")
 
@@ -313,6 +333,7 @@ def _reload_settings(ours) -> ReloadSettings:
     if not directory.is_dir():
         raise LiveOptionError(f"{what} {directory}: not a directory (layers to load are looked "
                               "for below it).")
+    _only_ours(directory, what, "put a layer there that this server would load")
     key = ours.reload_api_key or os.environ.get(RELOAD_KEY_ENV) or None
     if key is None and not ours.allow_unauthenticated_reload:
         raise LiveOptionError(

@@ -23,6 +23,8 @@ COUNTERS = {
     "cut_requests": ("cut_requests", "Completions cut to a window's token budget"),
     "rows_written": ("written_rows", "Drafter rows the workers wrote for recording windows"),
     "rows_dropped": ("dropped_rows", "Rows of other traffic during windows, not written"),
+    "calls_by_tokens": ("calls_matched_by_tokens", "Drafter calls during windows whose rows' "
+                        "requests the runner could not tell (matched by tokens alone)"),
     "pauses": ("pauses", "Times recording paused (a failed window, or no room on the disk)"),
     "tokens": ("recorded_tokens", "Tokens of the completions written to shards"),
     "failed_windows": ("failed_windows", "Recording windows that failed (logged)"),

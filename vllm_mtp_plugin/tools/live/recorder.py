@@ -55,13 +55,18 @@ def _logger():
     return init_logger("vllm.vllm_mtp_plugin.record")
 
 
-def _token_input(token_ids: list[int]):
-    """A tokenized prompt as this vLLM's ``AsyncLLM.generate`` takes it without re-rendering."""
+def _token_input(token_ids: list[int], cache_salt: str | None = None):
+    """A tokenized prompt as this vLLM's ``AsyncLLM.generate`` takes it without re-rendering,
+    with the request's cache salt (its blocks stay apart from other tenants' in the prefix
+    cache, as the request's own did)."""
     try:
         from vllm.inputs.engine import tokens_input
     except ImportError:  # vLLM before rendered inputs: the plain TokensPrompt dict
-        return {"prompt_token_ids": token_ids}
-    return tokens_input(token_ids)
+        prompt = {"prompt_token_ids": token_ids}
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
+        return prompt
+    return tokens_input(token_ids, cache_salt=cache_salt)
 
 
 def row_bytes_of(model_config) -> int:
@@ -84,7 +89,8 @@ class TrafficRecorder:
         self.stats: Counter = Counter()
         self.queue: asyncio.Queue | None = None
         self.task: asyncio.Task | None = None
-        self.held: tuple[list[int], int] | None = None  # drawn, but over the last window's budget
+        # (token ids, prompt length, cache salt) drawn, but over the last window's budget
+        self.held: tuple[list[int], int, str | None] | None = None
         self.paused_until = 0.0  # time.monotonic(); offers before it are skipped
         self.failures = 0  # in a row
         self.row_bytes: int | None = None
@@ -96,7 +102,8 @@ class TrafficRecorder:
                            len(removed), self.directory)
 
     # -- in the server's event loop, from every finished request
-    def offer(self, engine, prompt_ids: list[int], output_ids: list[int]) -> None:
+    def offer(self, engine, prompt_ids: list[int], output_ids: list[int],
+              cache_salt: str | None = None) -> None:
         self.stats["finished"] += 1
         if self.rng.random() >= self.settings.fraction:
             return
@@ -106,8 +113,13 @@ class TrafficRecorder:
         if self.task is None:
             self.queue = asyncio.Queue(maxsize=4 * self.settings.window_requests)
             self.task = asyncio.get_running_loop().create_task(self._run(engine))
+        ids, prompt = prompt_ids + output_ids, len(prompt_ids)
+        cut = min(self.window_tokens(engine), engine.model_config.max_model_len - 1)
+        if len(ids) > cut:  # cut now: the queue holds at most its length of windows' tokens
+            self.stats["cut_requests"] += 1
+            ids, prompt = ids[:cut], min(prompt, cut)
         try:
-            self.queue.put_nowait((prompt_ids + output_ids, len(prompt_ids)))
+            self.queue.put_nowait((ids, prompt, cache_salt))
             self.stats["sampled"] += 1
         except asyncio.QueueFull:  # recording lags behind the traffic: this one is skipped
             self.stats["skipped_busy"] += 1
@@ -120,7 +132,8 @@ class TrafficRecorder:
         fit = (self.settings.max_bytes - SHARD_OVERHEAD_BYTES) // (self.row_bytes + 8)
         return max(2, min(self.settings.window_tokens, fit))
 
-    async def _next_window(self, budget: int, limit: int) -> list[tuple[list[int], int]]:
+    async def _next_window(self, budget: int, limit: int
+                           ) -> list[tuple[list[int], int, str | None]]:
         """Up to ``window_requests`` requests of at most ``budget`` tokens in all, each cut to
         ``min(budget, limit)`` tokens; one that does not fit waits for the next window."""
         loop = asyncio.get_running_loop()
@@ -141,15 +154,15 @@ class TrafficRecorder:
                             item = await asyncio.wait_for(self.queue.get(), left)
                         except asyncio.TimeoutError:
                             break
-            ids, prompt = item
+            ids, prompt, salt = item
             cut = min(budget, limit)
             if len(ids) > cut:
                 self.stats["cut_requests"] += 1
                 ids, prompt = ids[:cut], min(prompt, cut)
             if batch and tokens + len(ids) > budget:
-                self.held = (ids, prompt)
+                self.held = (ids, prompt, salt)
                 break
-            batch.append((ids, prompt))
+            batch.append((ids, prompt, salt))
             tokens += len(ids)
             if deadline is None:
                 deadline = loop.time() + self.settings.window_wait_s
@@ -160,7 +173,7 @@ class TrafficRecorder:
             limit = engine.model_config.max_model_len - 1  # the re-prefill samples one token
             batch = await self._next_window(self.window_tokens(engine), limit)
             try:
-                self._room_for(sum(len(ids) for ids, _ in batch))
+                self._room_for(sum(len(ids) for ids, _, _ in batch))
                 await self._window(engine, batch)
                 self.failures = 0
             except asyncio.CancelledError:
@@ -196,8 +209,8 @@ class TrafficRecorder:
         await asyncio.sleep(pause)
         self.paused_until = 0.0
 
-    async def _window(self, engine, batch: list[tuple[list[int], int]]) -> None:
-        batch = [(ids, n) for ids, n in batch if len(ids) >= 2]
+    async def _window(self, engine, batch: list[tuple[list[int], int, str | None]]) -> None:
+        batch = [(ids, n, salt) for ids, n, salt in batch if len(ids) >= 2]
         if not batch:
             return
         self.windows += 1
@@ -205,19 +218,19 @@ class TrafficRecorder:
         raw.mkdir(mode=0o700)
         started = time.monotonic()
         try:
-            sequences = [ids for ids, _ in batch]
-            writers = await engine.collective_rpc("start_mtp_recording",
-                                                  args=(str(raw), False, sequences))
+            sequences = [ids for ids, _, _ in batch]
+            writers = await engine.collective_rpc(
+                "start_mtp_recording", args=(str(raw), False, sequences, OWN_REQUEST_PREFIX))
             if not any(writers):
                 raise RuntimeError("no vLLM worker records the drafter's inputs")
             try:
-                next_tokens = await asyncio.gather(*(self._prefill(engine, ids)
-                                                     for ids, _ in batch))
+                next_tokens = await asyncio.gather(*(self._prefill(engine, ids, salt)
+                                                     for ids, _, salt in batch))
             finally:
                 await engine.collective_rpc("stop_mtp_recording")
             path = shard_path(self.directory, self.windows)
-            kept, tokens, row_bytes = await asyncio.to_thread(self._write, raw, batch,
-                                                              next_tokens, path)
+            kept, tokens, row_bytes = await asyncio.to_thread(
+                self._write, raw, [(ids, n) for ids, n, _ in batch], next_tokens, path)
             self.row_bytes = row_bytes or self.row_bytes
         finally:
             shutil.rmtree(raw, ignore_errors=True)
@@ -237,13 +250,14 @@ class TrafficRecorder:
             self.directory_bytes / 1e9, self.settings.max_bytes / 1e9,
             f" (removed the oldest: {', '.join(removed)})" if removed else "")
 
-    async def _prefill(self, engine, token_ids: list[int]) -> int:
+    async def _prefill(self, engine, token_ids: list[int], cache_salt: str | None) -> int:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                                 skip_reading_prefix_cache=True)
         final = None
-        async for output in unpatched_generate()(engine, _token_input(token_ids), params,
+        prompt = _token_input(token_ids, cache_salt)
+        async for output in unpatched_generate()(engine, prompt, params,
                                                  f"{OWN_REQUEST_PREFIX}{uuid.uuid4().hex}"):
             final = output
         return final.outputs[0].token_ids[0]
@@ -254,6 +268,7 @@ class TrafficRecorder:
         rows = window_rows(raw)
         self.stats["rows_written"] += rows.get("rows_kept", 0)
         self.stats["rows_dropped"] += rows.get("rows_dropped", 0)
+        self.stats["calls_by_tokens"] += rows.get("calls_by_tokens", 0)
         return write_window_shard(raw, batch, next_tokens, path, {
             "source": "vllm-mtp serve --record",
             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})

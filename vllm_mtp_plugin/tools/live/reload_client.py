@@ -26,9 +26,21 @@ def reload_url(url: str) -> str:
     return base + RELOAD_ROUTE
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as it is, not followed: urllib would send the reload key on to
+    wherever it points."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
 def request_reload(url: str, checkpoint: str, api_key: str | None = None,
                    timeout: float = 600.0) -> tuple[int, dict]:
-    """POST the reload; returns the HTTP status and the server's JSON answer."""
+    """POST the reload; returns the HTTP status and the server's JSON answer (a redirect is
+    not followed: its status comes back)."""
     path = Path(checkpoint).expanduser()
     sent = str(path.resolve()) if path.exists() else checkpoint
     request = urllib.request.Request(
@@ -36,7 +48,7 @@ def request_reload(url: str, checkpoint: str, api_key: str | None = None,
         headers={"Content-Type": "application/json",
                  **({"Authorization": f"Bearer {api_key}"} if api_key else {})})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _opener.open(request, timeout=timeout) as response:
             return response.status, json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
         body = exc.read()
@@ -51,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000 (or its /v1 base URL)")
     p.add_argument("checkpoint", help="checkpoint directory with the new MTP layer(s), e.g. "
                                       "what vllm-mtp train --out wrote")
-    p.add_argument("--reload-api-key", "--api-key", dest="api_key", metavar="KEY",
+    p.add_argument("--reload-api-key", dest="api_key", metavar="KEY",
                    default=os.environ.get(RELOAD_KEY_ENV),
                    help="the server's reload key (vllm-mtp serve --reload-api-key; default: "
                         f"${RELOAD_KEY_ENV})")

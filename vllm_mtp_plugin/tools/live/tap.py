@@ -17,7 +17,10 @@ from collections.abc import Callable
 # Requests the recorder itself sends (re-prefills) are not offered back to it.
 OWN_REQUEST_PREFIX = "vllm-mtp-record-"
 
-Listener = Callable[[object, list[int], list[int]], None]
+# listener(engine, prompt_ids, output_ids, cache_salt): cache_salt is the request's vLLM cache
+# salt (None without one), which the recorder's re-prefill must carry: without it the prompt
+# would enter the prefix cache every unsalted request shares.
+Listener = Callable[[object, list[int], list[int], "str | None"], None]
 _installed: dict = {}
 
 
@@ -40,8 +43,8 @@ class _Completions:
 
 
 def install(listener: Listener) -> None:
-    """Patch ``AsyncLLM.generate`` so that ``listener(engine, prompt_ids, output_ids)`` hears of
-    every completion that finished (``stop`` or ``length``)."""
+    """Patch ``AsyncLLM.generate`` so that ``listener(engine, prompt_ids, output_ids,
+    cache_salt)`` hears of every completion that finished (``stop`` or ``length``)."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -61,7 +64,8 @@ def install(listener: Listener) -> None:
                 if output.finished and output.prompt_token_ids:
                     for index, ids in sorted(completions.tokens.items()):
                         if completions.reasons.get(index) in ("stop", "length"):
-                            _tell(self, list(output.prompt_token_ids), ids)
+                            _tell(self, list(output.prompt_token_ids), ids,
+                                  cache_salt_of(prompt))
             yield output
 
     generate.__wrapped__ = original
@@ -69,10 +73,18 @@ def install(listener: Listener) -> None:
     AsyncLLM.generate = generate
 
 
-def _tell(engine, prompt_ids: list[int], output_ids: list[int]) -> None:
+def cache_salt_of(prompt) -> str | None:
+    """The request's vLLM cache salt: a rendered input's ``cache_salt`` (what the OpenAI server
+    passes), or an ``EngineCoreRequest``'s."""
+    salt = (prompt.get("cache_salt") if isinstance(prompt, dict)
+            else getattr(prompt, "cache_salt", None))
+    return salt if isinstance(salt, str) and salt else None
+
+
+def _tell(engine, prompt_ids: list[int], output_ids: list[int], cache_salt: str | None) -> None:
     """The listener never fails a user's request: its errors are logged."""
     try:
-        _installed["listener"](engine, prompt_ids, output_ids)
+        _installed["listener"](engine, prompt_ids, output_ids, cache_salt)
     except Exception:  # noqa: BLE001 - serving goes on whatever recording does
         from vllm.logger import init_logger
 

@@ -275,6 +275,13 @@ def _run(args) -> int:
         print(f"exported the layer(s) of step {final['step']} of {record['steps']} (best held-out "
               "loss); held-out agreement with the target's greedy token, per depth: "
               + ", ".join(f"{a:.3f}" for a in final["accuracy"]))
+    if not args.work_dir:  # the default one, in the user's cache: no optimizer state left
+        from .trainer import BEST_LAYERS, CHECKPOINT
+
+        for name in (CHECKPOINT, BEST_LAYERS):
+            (work / name).unlink(missing_ok=True)
+        print(f"      removed the trainer state from {work} (exported; its data stays for a "
+              "re-run with other settings)", flush=True)
     k = summary["mtp_layers"] if settings.unroll == "chained" else settings.depth
     print(f"{out}: {summary['mtp_layers']} MTP layer(s) written; the target's files "
           f"{'copied' if args.copy else 'linked'}. Serve it with\n  vllm-mtp serve {out} "
