@@ -264,6 +264,9 @@ def test_model_runner_v2_records_and_reloads(layers):
         while record_metrics.read(server.base_url)["recorded_requests"] < len(sent):
             assert time.monotonic() < deadline, record_metrics.read(server.base_url)
             time.sleep(0.5)
+        figures = record_metrics.read(server.base_url)
+    # every drafter call's rows told by their request from Model Runner V2's batch
+    assert figures["calls_matched_by_tokens"] == 0, figures
     log = (root / "v2-serve.log").read_text()
     assert "Using V2 Model Runner" in log
     assert "the MTP admin routes (/mtp/reload, /mtp/adapt) take no key" in log

@@ -100,8 +100,9 @@ def test_rows_of_other_requests_are_dropped_by_owner_whatever_their_tokens():
 
 def test_row_owners_read_the_runners_batch():
     """V1: ``input_batch.req_ids`` with ``query_start_loc`` (rows past the batch: padding);
-    Model Runner V2: ``execute_model_state.input_batch``; a call with fewer rows than the batch
-    (rejected rows dropped) cannot be told: None."""
+    Model Runner V2: the batch its speculator's ``propose`` is handed, kept while it proposes
+    (``watch_v2_batch``, undone at the stop); a call with fewer rows than the batch (rejected
+    rows dropped) cannot be told: None."""
     import numpy as np
 
     from vllm_mtp_plugin.recording_window import row_owners
@@ -110,9 +111,23 @@ def test_row_owners_read_the_runners_batch():
                          query_start_loc=SimpleNamespace(cpu=torch.tensor([0, 3, 5, 0])))
     assert row_owners(v1, 6) == ["a", "a", "a", "b", "b", None]
     assert row_owners(v1, 4) is None
-    v2 = SimpleNamespace(execute_model_state=SimpleNamespace(input_batch=SimpleNamespace(
-        req_ids=["x", "y"], query_start_loc_np=np.array([0, 1, 4]))))
-    assert row_owners(v2, 4) == ["x", "y", "y", "y"]
+    from vllm_mtp_plugin.recording_window import watch_v2_batch
+
+    batch = SimpleNamespace(req_ids=["x", "y"], query_start_loc_np=np.array([0, 1, 4]))
+    seen = []
+
+    class Speculator:
+        def propose(self, input_batch, *args):
+            seen.append(row_owners(v2, 4, holder["batch"]))
+            return "drafts"
+
+    v2, holder = SimpleNamespace(speculator=Speculator()), {"batch": None}
+    unwatch = watch_v2_batch(v2, holder)
+    assert v2.speculator.propose(batch, 1, 2) == "drafts"
+    assert seen == [["x", "y", "y", "y"]] and holder["batch"] is None
+    assert row_owners(v2, 4, None) is None  # outside a propose: not known
+    unwatch()
+    assert "propose" not in vars(v2.speculator)
     assert row_owners(SimpleNamespace(), 4) is None
 
 

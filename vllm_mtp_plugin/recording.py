@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .recording_window import WindowRows, row_owners
+from .recording_window import WindowRows, row_owners, watch_v2_batch
 
 _state: dict = {"directory": None, "outputs": False, "count": 0, "tag": "", "window": None,
                 "owners": None}
@@ -125,10 +125,11 @@ class RecordingWorkerExtension:
         parallel = self.vllm_config.parallel_config
         owners = None
         if own_prefix:
-            runner = self.model_runner
+            runner, holder = self.model_runner, {"batch": None}
+            _state["unwatch"] = watch_v2_batch(runner, holder)
 
             def owners(rows: int) -> list[bool] | None:
-                found = row_owners(runner, rows)
+                found = row_owners(runner, rows, holder["batch"])
                 return None if found is None else [
                     owner is not None and owner.startswith(own_prefix) for owner in found]
 
@@ -137,4 +138,5 @@ class RecordingWorkerExtension:
         return True
 
     def stop_mtp_recording(self) -> int:
+        _state.pop("unwatch", lambda: None)()
         return stop()

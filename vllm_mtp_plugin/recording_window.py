@@ -112,15 +112,17 @@ class WindowRows:
         return ranges, segments
 
 
-def row_owners(runner, rows: int) -> list[str | None] | None:
+def row_owners(runner, rows: int, v2_batch=None) -> list[str | None] | None:
     """The request owning each of a drafter call's ``rows`` (its first step), from the model
-    runner's current batch: Model Runner V2's ``execute_model_state.input_batch`` or V1's
-    ``input_batch`` with ``query_start_loc``, whose layout the first step keeps (vLLM's padded
-    drafter batch, the default; rows past the batch are padding, owned by none). None when the
-    call holds fewer rows than the batch (a drafter batch without rejected rows)."""
-    batch = getattr(getattr(runner, "execute_model_state", None), "input_batch", None)
-    if batch is not None and hasattr(batch, "query_start_loc_np"):
-        req_ids, starts = list(batch.req_ids), batch.query_start_loc_np.tolist()
+    runner's current batch: Model Runner V2's (``v2_batch``, the ``input_batch`` its speculator's
+    ``propose`` was handed: ``watch_v2_batch``) or V1's ``input_batch`` with ``query_start_loc``,
+    whose layout the first step keeps (vLLM's padded drafter batch, the default; rows past the
+    batch are padding, owned by none). None when the call holds fewer rows than the batch (a
+    drafter batch without rejected rows) or the batch is not known."""
+    if v2_batch is not None:
+        req_ids, starts = list(v2_batch.req_ids), v2_batch.query_start_loc_np.tolist()
+    elif getattr(runner, "speculator", None) is not None:
+        return None  # Model Runner V2 outside a watched propose
     else:
         batch, locs = getattr(runner, "input_batch", None), getattr(runner, "query_start_loc", None)
         if batch is None or locs is None:
@@ -133,3 +135,26 @@ def row_owners(runner, rows: int) -> list[str | None] | None:
     for req_id, start, stop in zip(req_ids, starts, starts[1:]):
         owners[start:stop] = [req_id] * (stop - start)
     return owners
+
+
+def watch_v2_batch(runner, holder: dict):
+    """Model Runner V2 clears its step state before drafting and hands the step's batch to
+    ``speculator.propose(input_batch, ...)`` (``v1/worker/gpu/model_runner.py``,
+    ``sample_tokens``): for the length of a recording window, this runner's speculator keeps
+    that batch in ``holder["batch"]`` while it proposes. An attribute of this one speculator
+    object, not of vLLM's class; returns the function that takes it away again (nothing to do for
+    V1, whose batch stays on the runner)."""
+    speculator = getattr(runner, "speculator", None)
+    if speculator is None or "propose" in vars(speculator):
+        return lambda: None
+    original = speculator.propose
+
+    def propose(input_batch, *args, **kwargs):
+        holder["batch"] = input_batch
+        try:
+            return original(input_batch, *args, **kwargs)
+        finally:
+            holder["batch"] = None
+
+    speculator.propose = propose
+    return lambda: vars(speculator).pop("propose", None)
