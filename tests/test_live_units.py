@@ -404,6 +404,33 @@ def test_the_admin_surface_takes_its_key_bounds_its_history_and_names_no_path(tm
             plugin.resolve(bad)
 
 
+
+def test_the_reload_route_takes_json_only(tmp_path):
+    """A web page can POST plain text to any port without asking (no CORS preflight): the
+    reload route answers 415 to anything but application/json, before reading the body, so a
+    server run with --allow-unauthenticated-reload cannot be driven from a browser tab; a
+    deeply nested body is a 400, not a 500."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from vllm_mtp_plugin.tools.live.endpoints import LiveEndpoints
+    from vllm_mtp_plugin.tools.live.options import ReloadSettings
+
+    app = FastAPI()
+    LiveEndpoints(ReloadSettings(tmp_path)).attach_router(app)  # no key, no engine yet
+    client = TestClient(app)
+    body = '{"path": "x"}'
+    assert client.post("/mtp/reload", content=body,
+                       headers={"Content-Type": "text/plain"}).status_code == 415
+    assert client.post("/mtp/reload", content=body).status_code == 415
+    ok = client.post("/mtp/reload", content=body,
+                     headers={"Content-Type": "application/json; charset=utf-8"})
+    assert ok.status_code == 503  # past the check: the server is starting
+    nested = client.post("/mtp/reload", content="[" * 100000 + "]" * 100000,
+                         headers={"Content-Type": "application/json"})
+    assert nested.status_code == 400
+
+
 def test_a_shard_is_never_written_through_a_planted_link(tmp_path):
     """The recording directory may be shared: a link put where a shard is being written is
     replaced, and the file it points to is left as it was."""

@@ -198,6 +198,9 @@ class LiveEndpoints:
 
         @router.post(RELOAD_ROUTE)
         async def reload(request: Request):
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json":  # a web page cannot send this cross-site unasked
+                return JSONResponse({"error": "send Content-Type: application/json"}, 415)
             try:
                 body = await request.json()
                 path = body["path"]
