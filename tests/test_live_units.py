@@ -594,3 +594,19 @@ def test_a_short_reload_key_is_warned(tmp_path):
     live, _ = split_live_options(["model", "--enable-layer-reload", str(tmp_path), *SPEC,
                                   "--reload-api-key", "0123456789abcdef"])
     assert not any("reload key" in w for w in live.warnings)
+
+
+def test_a_rounds_shards_stay_readable_when_the_bound_removes_them(tmp_path):
+    """--adapt's round links the shards it trains on; the recording bound may remove a shard
+    meanwhile: the hard link keeps it readable for the round (a symbolic link would dangle), and
+    a shard removed before it was linked is left out."""
+    from vllm_mtp_plugin.tools.live.adapt import _link_shards
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    kept, gone = shards / "shard-1.safetensors", shards / "shard-2.safetensors"
+    kept.write_bytes(b"data")
+    into = _link_shards([kept, gone], tmp_path / "round" / "data")
+    kept.unlink()  # the bound at work
+    assert [p.name for p in into.iterdir()] == ["shard-1.safetensors"]
+    assert (into / "shard-1.safetensors").read_bytes() == b"data"

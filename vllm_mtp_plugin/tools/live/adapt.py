@@ -6,7 +6,8 @@ One asyncio task in the API server process, over the recorder (``recorder.py``, 
 
 1. every ``every_tokens`` newly recorded tokens, ``vllm-mtp train SERVING --data`` runs in a
    process of its own (``threads`` CPU threads, lower priority), from the layer that serves, on
-   the shards recorded so far (a snapshot: ``DIR/rounds/N/data``);
+   the shards recorded so far (a snapshot: ``DIR/rounds/N/data``, hard links that keep a shard
+   the recording bound removes readable until the round has evaluated, then removed);
 2. the candidate and the serving layer are evaluated (``evaluate.py``, a process too) on shards
    recorded *after* the snapshot - traffic neither has seen - for their agreement with the
    target's next-next token at the first draft position;
@@ -19,7 +20,7 @@ Every decision is logged and kept in ``DIR/adapt.json`` (the last ``HISTORY`` ev
 ``GET /mtp/adapt``. Run for weeks, the directory stays bounded besides the shards (which
 ``--record-max-gb`` bounds): after each round only the serving layer, its rollback target and the
 newest ``keep_rounds`` candidates stay in ``DIR/layers``, and only the newest ``keep_rounds``
-rounds stay in ``DIR/rounds`` (data links, trainer state, logs; the history keeps what they
+rounds stay in ``DIR/rounds`` (trainer state, logs, evaluation; the history keeps what they
 decided). A server restarted on the same DIR numbers its rounds on from the last one and loads
 the layer that served when it stopped; a second server on a DIR another one holds is refused
 (``hold_directory``: rounds, pruning and ``adapt.json`` would collide). ``adapt.json`` is
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -118,9 +120,18 @@ def hold_directory(directory: Path):
 
 
 def _link_shards(shards: list[Path], into: Path) -> Path:
+    """The round's view of ``shards``: hard links where the filesystem allows, so a shard the
+    recording bound removes meanwhile stays readable until the round is done with it (its links
+    go then: ``Adapter._step``), else symbolic links."""
     into.mkdir(parents=True, exist_ok=True)
     for shard in shards:
-        (into / shard.name).symlink_to(shard.resolve())
+        link = into / shard.name
+        try:
+            os.link(shard, link)
+        except FileNotFoundError:
+            continue  # removed by the bound since it was listed
+        except OSError:  # another filesystem, or no hard links there
+            link.symlink_to(shard.resolve())
     return into
 
 
@@ -193,8 +204,6 @@ class Adapter:
     def _prune(self) -> None:
         """Remove what the next rounds do not need (module docstring); the serving layer and
         the layers the version history may roll back to stay."""
-        import shutil
-
         versions = self.endpoints.versions
         if versions is None:
             return
@@ -220,23 +229,27 @@ class Adapter:
         serving = versions.current
         round_dir = self.directory / "rounds" / str(self.round)
         snapshot = sorted(self.recorder.directory.glob("shard-*.safetensors"))
-        data = _link_shards(snapshot, round_dir / "data")
         candidate = self.directory / "layers" / f"round-{self.round}"
-        self.state = "training"
-        self._save({"event": "training", "from": serving["path"], "shards": len(snapshot),
-                    "recorded_tokens": recorded})
-        await self._subprocess(["-m", "vllm_mtp_plugin.tools.cli", "train", serving["path"],
-                                "--data", str(data), "--out", str(candidate), "--work-dir",
-                                str(round_dir / "work"), "--steps", str(self.settings.steps),
-                                "--quiet"], round_dir / "train.log")
-        self.state = "waiting for held-out traffic"
-        heldout = await self._heldout_after(set(snapshot), round_dir / "heldout")
-        self.state = "evaluating"
-        result = round_dir / "evaluation.json"
-        await self._subprocess(["-m", "vllm_mtp_plugin.tools.live.evaluate", serving["path"],
-                                str(candidate), str(heldout), "--out", str(result)],
-                               round_dir / "evaluate.log")
-        scores = json.loads(result.read_text())
+        try:
+            data = _link_shards(snapshot, round_dir / "data")
+            self.state = "training"
+            self._save({"event": "training", "from": serving["path"], "shards": len(snapshot),
+                        "recorded_tokens": recorded})
+            await self._subprocess(["-m", "vllm_mtp_plugin.tools.cli", "train", serving["path"],
+                                    "--data", str(data), "--out", str(candidate), "--work-dir",
+                                    str(round_dir / "work"), "--steps", str(self.settings.steps),
+                                    "--quiet"], round_dir / "train.log")
+            self.state = "waiting for held-out traffic"
+            heldout = await self._heldout_after(set(snapshot), round_dir / "heldout")
+            self.state = "evaluating"
+            result = round_dir / "evaluation.json"
+            await self._subprocess(["-m", "vllm_mtp_plugin.tools.live.evaluate",
+                                    serving["path"], str(candidate), str(heldout), "--out",
+                                    str(result)], round_dir / "evaluate.log")
+            scores = json.loads(result.read_text())
+        finally:  # the round's links: the shards they keep alive are free to go now
+            for links in ("data", "heldout"):
+                shutil.rmtree(round_dir / links, ignore_errors=True)
         if not better_beyond_noise(scores["candidate"], scores["serving"]):
             self.state = "recording"
             self._save({"event": "kept", "why": "the candidate is not better beyond noise on "
