@@ -230,6 +230,10 @@ def _batch(*speedups: float) -> dict:
     ((1.6, 1.3, 1.1), "MTP pays at every batch size measured"),
     ((1.4, 1.1, 0.8), "MTP pays up to batch 8 and loses from batch 32"),
     ((0.9, 0.8, 0.7), "MTP costs more than it gains at every batch size"),
+    # a batch size within the break-even band is not called a loss (or a gain)
+    ((0.97, 0.8, 0.7), "MTP costs more than it gains at batch 8, 32 on this machine, about "
+                       "breaks even at batch 1"),
+    ((1.3, 1.2, 1.01), "MTP pays at batch 1, 8, about breaks even at batch 32"),
     ((1.02, 0.99, 1.0), "MTP about breaks even"),
 ])
 def test_batch_size_advice_from_the_measured_speedups(speedups, verdict_text):

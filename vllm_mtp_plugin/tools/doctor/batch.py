@@ -46,6 +46,10 @@ def measure_batch_sizes(model: Path, prompts: list, batch_sizes: list[int], max_
             "max_tokens": run.max_tokens}
 
 
+def _sizes(sizes: list[int]) -> str:
+    return "batch " + ", ".join(str(c) for c in sizes)
+
+
 def batch_advice(batch: dict | None) -> list[str]:
     """One line: where k = 1 gains, breaks even or loses, by batch size."""
     if not batch or not batch.get("rows"):
@@ -59,11 +63,15 @@ def batch_advice(batch: dict | None) -> list[str]:
         for r in rows)
     gains = [r["batch_size"] for r in rows if r["modelled_speedup"] > 1 + EVEN]
     losses = [r["batch_size"] for r in rows if r["modelled_speedup"] < 1 - EVEN]
+    even = [r["batch_size"] for r in rows if r["batch_size"] not in gains + losses]
+    at_even = f", about breaks even at {_sizes(even)}" if even else ""
     if gains and not losses:
-        verdict = "MTP pays at every batch size measured"
+        verdict = ("MTP pays at every batch size measured" if not even
+                   else f"MTP pays at {_sizes(gains)}{at_even}")
     elif losses and not gains:
-        verdict = ("MTP costs more than it gains at every batch size measured on this machine: "
-                   "serve without it here, or raise acceptance first")
+        where = "every batch size measured" if not even else _sizes(losses)
+        verdict = (f"MTP costs more than it gains at {where} on this machine{at_even}: serve "
+                   "without it at those loads, or raise acceptance first")
     elif gains and losses:
         paying = [g for g in gains if g < min(losses)]
         verdict = ((f"MTP pays up to batch {max(paying)} and " if paying else "MTP ")
