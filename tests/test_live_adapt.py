@@ -78,7 +78,7 @@ def adapted(tmp_path_factory):
         threads = [threading.Thread(target=traffic) for _ in range(2)]
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + 1200  # two rounds; the second trains on all recorded so far
         status = _status(server)
         while time.monotonic() < deadline:
             status = _status(server)

@@ -610,3 +610,24 @@ def test_a_rounds_shards_stay_readable_when_the_bound_removes_them(tmp_path):
     kept.unlink()  # the bound at work
     assert [p.name for p in into.iterdir()] == ["shard-1.safetensors"]
     assert (into / "shard-1.safetensors").read_bytes() == b"data"
+
+
+def test_a_rounds_heldout_set_is_the_first_shards_after_its_snapshot(tmp_path):
+    """--adapt evaluates on the first shards recorded after the training snapshot that hold
+    --adapt-heldout-tokens, not on all traffic recorded while it trained (its cost bounded)."""
+    from vllm_mtp_plugin.tools.live import adapt
+    from vllm_mtp_plugin.tools.live.options import AdaptSettings
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(6):
+        write_shard(shards / f"shard-{i}.safetensors", [[1, 2, 3, 4, 5]], [6],
+                    [torch.zeros(5, 4)], [2], {})
+    recorder = SimpleNamespace(stats={"tokens": 0}, directory=shards)
+    (tmp_path / "adapt").mkdir()
+    adapter = adapt.Adapter(AdaptSettings(tmp_path / "adapt", min_heldout_tokens=8), recorder,
+                            SimpleNamespace(versions=None))
+    seen = {shards / "shard-0.safetensors"}
+    into = asyncio.run(adapter._heldout_after(seen, tmp_path / "heldout"))
+    assert sorted(p.name for p in into.iterdir()) == ["shard-1.safetensors", "shard-2.safetensors"]
+    adapter.lock.close()

@@ -8,8 +8,9 @@ One asyncio task in the API server process, over the recorder (``recorder.py``, 
    process of its own (``threads`` CPU threads, lower priority), from the layer that serves, on
    the shards recorded so far (a snapshot: ``DIR/rounds/N/data``, hard links that keep a shard
    the recording bound removes readable until the round has evaluated, then removed);
-2. the candidate and the serving layer are evaluated (``evaluate.py``, a process too) on shards
-   recorded *after* the snapshot - traffic neither has seen - for their agreement with the
+2. the candidate and the serving layer are evaluated (``evaluate.py``, a process too) on the
+   first shards recorded *after* the snapshot that hold ``min_heldout_tokens`` - traffic neither
+   has seen, its size bounded - for their agreement with the
    target's next-next token at the first draft position;
 3. the candidate is swapped in only when its 95 % interval lies above the serving layer's;
 4. after a swap, once the new layer has drafted ``window_drafts`` draft tokens, its served
@@ -117,6 +118,14 @@ def hold_directory(directory: Path):
                               "give each server a DIR of its own (they may share --record "
                               "directories, not --adapt ones).") from None
     return handle
+
+
+def _shard_tokens(shard: Path) -> int:
+    """Positions a shard holds, from its header (``hidden`` rows)."""
+    from safetensors import safe_open
+
+    with safe_open(str(shard), "pt") as handle:
+        return handle.get_slice("hidden").get_shape()[0]
 
 
 def _link_shards(shards: list[Path], into: Path) -> Path:
@@ -267,18 +276,21 @@ class Adapter:
         self.state = "recording"
 
     async def _heldout_after(self, seen: set[Path], into: Path) -> Path:
-        """Shards recorded after the training snapshot, once they hold enough tokens."""
-        from ..train.data import shard_summary
-
+        """The first shards recorded after the training snapshot that hold
+        ``min_heldout_tokens``, once there are: the evaluation's cost stays bounded however long
+        training took (the traffic recorded meanwhile is left for the next round)."""
         while True:
             fresh = [s for s in sorted(self.recorder.directory.glob("shard-*.safetensors"))
                      if s not in seen]
-            if fresh:
-                tokens = shard_summary(_link_shards(fresh, into))["tokens"]
+            chosen, tokens = [], 0
+            for shard in fresh:
+                try:
+                    tokens += _shard_tokens(shard)
+                except OSError:  # removed by the bound since it was listed
+                    continue
+                chosen.append(shard)
                 if tokens >= self.settings.min_heldout_tokens:
-                    return into
-                for link in into.iterdir():
-                    link.unlink()
+                    return _link_shards(chosen, into)
             await asyncio.sleep(self.settings.poll_s)
 
     async def _watch(self, previous: dict) -> None:
