@@ -112,7 +112,7 @@ def _choice_engine(model: Path, work: Path, block_size: int) -> dict:
     way. Own passes are counted twice: per request, the positions its own steps computed
     (vLLM's ``num_cached_tokens`` tells how many prompt tokens came from the cache instead), and
     stitched: recorded rows of any request at the same positions with the same tokens (matched
-    as ``tools/train/data.py`` assembles calls), from whichever request computed them while
+    as ``tools/mtp_layer/drafter_inputs.py`` assembles calls), from whichever request computed them while
     recording was on."""
     import gc
 
@@ -120,7 +120,7 @@ def _choice_engine(model: Path, work: Path, block_size: int) -> dict:
     from vllm import LLM, SamplingParams
 
     from vllm_mtp_plugin.tools.live.options import WORKER_EXTENSION
-    from vllm_mtp_plugin.tools.train.data import positions_received
+    from vllm_mtp_plugin.tools.mtp_layer.drafter_inputs import positions_received
 
     llm = LLM(str(model), speculative_config=SPEC, dtype="float32", max_model_len=2048,
               block_size=block_size, worker_extension_cls=WORKER_EXTENSION, seed=0)
@@ -300,7 +300,7 @@ def _pass(servers: dict, record: bool, traffic, concurrency: int, gap: float) ->
 
 
 def _recorded(base_url: str, shards: Path) -> dict:
-    from vllm_mtp_plugin.tools.train.data import shard_summary
+    from vllm_mtp_plugin.tools.mtp_layer.shard_format import shard_summary
 
     figures = record_metrics.read(base_url)
     summary = (shard_summary(shards) if list(shards.glob("shard-*.safetensors"))

@@ -88,8 +88,8 @@ def _test(label: str, base_url: str, model: str, args, oracle: bool,
 
 
 def _serve_and_test(checkpoint_arg: str, args, log_dir: Path) -> dict:
-    from vllm_mtp_plugin.tools.bench.checkpoints import resolve
-    from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
+    from vllm_mtp_plugin.tools.tiny.presets import resolve
+    from vllm_mtp_plugin.tools.engine.eager_reasons import eager_serve_args
     from vllm_mtp_plugin.tools.engine.server import Server, start_all
 
     checkpoint = resolve(checkpoint_arg)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from vllm_mtp_plugin.tools.engine.interference import Meter
-from vllm_mtp_plugin.tools.bench.prompts import load_prompt_groups
+from vllm_mtp_plugin.tools.prompt_files import load_prompt_groups
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.tools.train.cli import default_work_dir
 from vllm_mtp_plugin.tools.provenance import environment, portable

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command on this machine as if its CPU had no AVX-512 and no AMX (an AMD EPYC before
 # Zen 4, say): torch reports neither, vLLM loads its AVX2 kernel build, the CPU probe drops the
-# flags (vllm_mtp_plugin/tools/engine/cpu_features.py). A test that quietly needs AVX-512 fails here.
+# flags (vllm_mtp_plugin/tools/cpu_features.py). A test that quietly needs AVX-512 fails here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/install.sh

@@ -10,7 +10,7 @@ the suite run fp32 through the patch for real (docs/testing.md, hardware table).
 import pytest
 import torch
 
-from vllm_mtp_plugin.patches import amx_mla_dtype
+from vllm_mtp_plugin.patches import mla_dtype_on_amx
 
 CPU_MLA = "vllm.v1.attention.backends.mla.cpu_mla.CPUMLABackend"
 AMX_MLA = "vllm.v1.attention.backends.mla.amx_mla.AMXMLABackend"
@@ -24,8 +24,8 @@ def as_on_amx(monkeypatch):
     if not current_platform.is_cpu():
         pytest.skip("vLLM's CPU platform only")
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
-    assert amx_mla_dtype.probe() is None
-    amx_mla_dtype.mla_dtype_on_amx()
+    assert mla_dtype_on_amx.probe() is None
+    mla_dtype_on_amx.mla_dtype_on_amx()
     return type(current_platform)
 
 
@@ -73,7 +73,7 @@ def test_an_fp32_engine_is_configured_for_cpu_mla(as_on_amx, checkpoints, monkey
     logger.addHandler(Kept())
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
-    monkeypatch.setattr(amx_mla_dtype, "logger", logger)
+    monkeypatch.setattr(mla_dtype_on_amx, "logger", logger)
 
     model = checkpoints("oracle")
     fp32 = _engine_config(model, "float32")
@@ -97,4 +97,4 @@ def test_not_applied_without_amx(monkeypatch):
     if not current_platform.is_cpu():
         pytest.skip("vLLM's CPU platform only")
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    assert amx_mla_dtype.probe().startswith("no AMX tiles")
+    assert mla_dtype_on_amx.probe().startswith("no AMX tiles")

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_mtp_plugin.tools.engine.cpu_features import AMX
+from vllm_mtp_plugin.tools.cpu_features import AMX
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts
 

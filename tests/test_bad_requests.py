@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
+from vllm_mtp_plugin.tools.engine.eager_reasons import eager_serve_args
 from vllm_mtp_plugin.tools.engine.offline import child_env
 from vllm_mtp_plugin.tools.engine.server import Server, start_all
 

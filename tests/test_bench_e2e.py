@@ -146,7 +146,7 @@ def test_trained_model_compiled_by_prompt_kind_and_temperature(tmp_path, monkeyp
                 assert plugin["spec_decode"] == tree["spec_decode"], kind
                 assert plugin["token_ids"] == tree["token_ids"], kind
     logs = [p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log")]
-    # skip_unloadable_aot_cache (patches/aot_cache.py): no engine saves an artifact it could not load, and later
+    # skip_unloadable_aot_cache (patches/skip_unloadable_aot_cache.py): no engine saves an artifact it could not load, and later
     # engines of the same target load nothing
     assert len(logs) == 2 and not any("saved AOT compiled function" in log for log in logs)
     assert not any("due to a load failure" in log for log in logs)

@@ -4,8 +4,8 @@ which configurations a sweep adds, how the floor figures are derived, and what t
 import pytest
 import torch
 
-from vllm_mtp_plugin.patches.mla_verify import SWITCH
-from vllm_mtp_plugin.tools.engine import cpu_features
+from vllm_mtp_plugin.patches.mla_verify_as_decode import SWITCH
+from vllm_mtp_plugin.tools import cpu_features
 from vllm_mtp_plugin.tools.bench import analysis, report
 from vllm_mtp_plugin.tools.bench.offline_mode import filled
 from vllm_mtp_plugin.tools.bench.serve_mode import server_env

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from vllm_mtp_plugin.tools.bench import checkpoints
-from vllm_mtp_plugin.tools.bench.prompts import load_prompts, write_sharegpt
+from vllm_mtp_plugin.tools.tiny import presets
+from vllm_mtp_plugin.tools.prompt_files import load_prompts, write_sharegpt
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts
 
 
@@ -61,18 +61,18 @@ def test_sharegpt_file_reads_back_in_order_in_vllm_too(tmp_path):
 
 
 def test_checkpoint_specs(tmp_path):
-    assert checkpoints.parse_preset("bench:noisy:0.7") == ("bench", "noisy", 0.7)
-    assert checkpoints.parse_preset("small:oracle") == ("small", "oracle", 0.7)
-    assert checkpoints.parse_preset("tiny") == ("tiny", "noisy", 0.7)
+    assert presets.parse_preset("bench:noisy:0.7") == ("bench", "noisy", 0.7)
+    assert presets.parse_preset("small:oracle") == ("small", "oracle", 0.7)
+    assert presets.parse_preset("tiny") == ("tiny", "noisy", 0.7)
     for bad in ("huge", "tiny:perfect", "tiny:noisy:1.5"):
         with pytest.raises(ValueError):
-            checkpoints.parse_preset(bad)
+            presets.parse_preset(bad)
 
 
 def test_trained_preset_is_written_once_from_the_shipped_files(tmp_path):
     logs = []
-    ckpt = checkpoints.resolve("trained", tmp_path, log=logs.append)
-    again = checkpoints.resolve("trained", tmp_path, log=logs.append)
+    ckpt = presets.resolve("trained", tmp_path, log=logs.append)
+    again = presets.resolve("trained", tmp_path, log=logs.append)
     assert len(logs) == 1 and again.path == ckpt.path == tmp_path / "trained"
     assert (ckpt.label, ckpt.variant, ckpt.meta["mode"]) == ("trained", "v3", "trained")
     assert ckpt.parameters > 8_000_000
@@ -81,19 +81,19 @@ def test_trained_preset_is_written_once_from_the_shipped_files(tmp_path):
 
 def test_preset_is_built_once_and_a_directory_is_taken_as_is(tmp_path):
     logs = []
-    first = checkpoints.resolve("tiny:oracle", tmp_path, log=logs.append)
+    first = presets.resolve("tiny:oracle", tmp_path, log=logs.append)
     stamp = (first.path / "model.safetensors").stat().st_mtime_ns
-    again = checkpoints.resolve("tiny:oracle", tmp_path, log=logs.append)
+    again = presets.resolve("tiny:oracle", tmp_path, log=logs.append)
     assert len(logs) == 1 and again.path == first.path == tmp_path / "tiny-oracle-seed0"
     assert (again.path / "model.safetensors").stat().st_mtime_ns == stamp
     assert first.label == "tiny-oracle" and first.meta["mode"] == "oracle"
     assert first.parameters == first.meta["parameters"] > 0
-    direct = checkpoints.resolve(str(first.path))
+    direct = presets.resolve(str(first.path))
     assert direct.path == first.path and direct.meta == first.meta
 
 
 def test_prompt_kinds_and_chats(tmp_path):
-    from vllm_mtp_plugin.tools.bench.prompts import load_prompt_groups
+    from vllm_mtp_plugin.tools.prompt_files import load_prompt_groups
     from vllm_mtp_plugin.tools.bench.sweep import Sweep
 
     path = tmp_path / "kinds.jsonl"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vllm_mtp_plugin.tools.bench import analysis, report
-from vllm_mtp_plugin.tools.bench.checkpoints import Checkpoint
+from vllm_mtp_plugin.tools.tiny.presets import Checkpoint
 from vllm_mtp_plugin.tools.bench.cli import parse_args
 from vllm_mtp_plugin.tools.bench.offline_mode import offline_config
 from vllm_mtp_plugin.tools.bench.serve_mode import serve_args

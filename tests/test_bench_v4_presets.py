@@ -2,32 +2,32 @@
 
 import pytest
 
-from vllm_mtp_plugin.tools.bench import checkpoints
+from vllm_mtp_plugin.tools.tiny import presets
 from vllm_mtp_plugin.tools.bench.offline_mode import offline_config
 from vllm_mtp_plugin.tools.bench.serve_mode import serve_args, server_env
 from vllm_mtp_plugin.tools.bench.sweep import Sweep
-from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
+from vllm_mtp_plugin.tools.engine.eager_reasons import eager_serve_args
 from vllm_mtp_plugin.tools.engine.mrv2 import SWITCH, needs_interpreter
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
 
 def test_v4_preset_specs():
-    assert checkpoints.parse_preset("v4tiny:noisy:0.8") == ("v4tiny", "noisy", 0.8)
-    assert checkpoints.parse_preset("v4tiny:oracle") == ("v4tiny", "oracle", 0.7)
-    assert checkpoints.parse_preset("v4tiny") == ("v4tiny", "noisy", 0.7)
+    assert presets.parse_preset("v4tiny:noisy:0.8") == ("v4tiny", "noisy", 0.8)
+    assert presets.parse_preset("v4tiny:oracle") == ("v4tiny", "oracle", 0.7)
+    assert presets.parse_preset("v4tiny") == ("v4tiny", "noisy", 0.7)
     for bad, says in (("v4huge", "v4tiny"), ("v4tiny:perfect", "'perfect'"),
                       ("v4tiny:noisy:1.5", "0..1")):
         with pytest.raises(ValueError, match=says):
-            checkpoints.parse_preset(bad)
+            presets.parse_preset(bad)
 
 
 def test_a_v4_preset_builds_a_bf16_v4_checkpoint_run_with_the_plugin_on_v2(tmp_path):
-    ckpt = checkpoints.resolve("v4tiny:noisy:0.8", tmp_path, log=lambda line: None)
+    ckpt = presets.resolve("v4tiny:noisy:0.8", tmp_path, log=lambda line: None)
     assert ckpt.label == "v4tiny-noisy-0.8" and ckpt.variant == "v4"
     assert ckpt.meta["mode"] == "noisy" and ckpt.meta["quantization"] is None
     assert abs(ckpt.meta["expected_acceptance"] - 0.8) < 0.01 and ckpt.parameters > 0
-    assert checkpoints.resolve(str(ckpt.path)).variant == "v4"  # a directory: from config.json
+    assert presets.resolve(str(ckpt.path)).variant == "v4"  # a directory: from config.json
     assert ckpt.engine == {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",), "eager": True}
 
     sweep = Sweep(checkpoints=["v4tiny:noisy:0.8", "tiny"], ks=[0, 2],

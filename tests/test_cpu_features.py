@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from vllm_mtp_plugin.tools.engine import cpu_features
+from vllm_mtp_plugin.tools import cpu_features
 from vllm_mtp_plugin.tools.engine.mrv2 import site_dir
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
@@ -36,7 +36,7 @@ def test_the_probe_agrees_with_what_vllm_asks_torch():
 PROBE = """
 import json, torch
 import vllm._custom_ops  # vLLM loads its kernel library for this CPU here
-from vllm_mtp_plugin.tools.engine import cpu_features as f
+from vllm_mtp_plugin.tools import cpu_features as f
 print(json.dumps({
     "torch": [torch.cpu._is_avx512_supported(), torch.cpu._is_avx512_bf16_supported(),
               torch.cpu._is_amx_tile_supported()],

@@ -9,8 +9,9 @@ import json
 import pytest
 import torch
 
-from vllm_mtp_plugin.tools.bench.stats import wilson
-from vllm_mtp_plugin.tools.doctor import paired, reference, selftest, verdict
+from vllm_mtp_plugin.tools.stats import wilson
+from vllm_mtp_plugin.tools.doctor import paired, selftest, verdict
+from vllm_mtp_plugin.tools.mtp_layer import evaluation
 from vllm_mtp_plugin.tools.doctor.checks import SCHEMA, Check, as_dicts, write_report
 from vllm_mtp_plugin.tools.doctor.platform_facts import engine_mode
 from vllm_mtp_plugin.tools.doctor.sampling import chi_square_p, homogeneity
@@ -169,10 +170,10 @@ def test_reference_figures_on_recorded_data(tmp_path):
     """A shard whose served output is the files' layer output: distance 0, agreements equal; a
     shard whose served output is scaled: a distance the verdict reads as a loading problem."""
     from vllm_mtp_plugin.tools.tiny import trained
-    from vllm_mtp_plugin.tools.train.data import write_shard
-    from vllm_mtp_plugin.tools.train.layers import FrozenTarget, mtp_forward, transformers_config
-    from vllm_mtp_plugin.tools.train.model import initial_layer
-    from vllm_mtp_plugin.tools.train.target import open_target
+    from vllm_mtp_plugin.tools.mtp_layer.shard_format import write_shard
+    from vllm_mtp_plugin.tools.mtp_layer.transformers_layer import FrozenTarget, mtp_forward, transformers_config
+    from vllm_mtp_plugin.tools.mtp_layer.trainable import initial_layer
+    from vllm_mtp_plugin.tools.mtp_layer.v3_target import open_target
 
     model = trained.write_checkpoint(tmp_path / "model", 1)
     target = open_target(model)
@@ -192,7 +193,7 @@ def test_reference_figures_on_recorded_data(tmp_path):
         data.mkdir()
         write_shard(data / "shard-00000.safetensors", sequences, nxt, hidden, [5, 5, 5], {},
                     [o * scale for o in outputs])
-        figures = reference.evaluate(model, data, depth=2, unroll="recursive", device="cpu")
+        figures = evaluation.evaluate(model, data, depth=2, unroll="recursive", device="cpu")
         assert figures["positions"] == 3 * (19 - 4)  # continuation positions 4..18
         served = figures["served_output"]
         if scale == 1.0:

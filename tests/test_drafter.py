@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from vllm_mtp_plugin.tools.engine.modes import eager_for
+from vllm_mtp_plugin.tools.engine.eager_reasons import eager_for
 from vllm_mtp_plugin.models.predictor import MTPLayerStack
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)

@@ -1,6 +1,6 @@
 """Engines compile as vLLM does by default; every eager one names a reason from one list.
 
-``vllm_mtp_plugin/tools/engine/modes.py`` holds the reasons. These tests keep it the one place:
+``vllm_mtp_plugin/tools/engine/eager_reasons.py`` holds the reasons. These tests keep it the one place:
 an unknown reason is refused, a run that counts layer calls must say so, and no test, tool or
 script turns compilation off otherwise: Python is parsed (``enforce_eager`` set to ``True``, a
 variable or any expression, as a keyword or a dict entry, and the ``--enforce-eager`` flag) and
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mtp_plugin.tools.engine.modes import EAGER_REASONS, eager_for, eager_serve_args
+from vllm_mtp_plugin.tools.engine.eager_reasons import EAGER_REASONS, eager_for, eager_serve_args
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
@@ -22,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # The bench's --enforce-eager is a user's option: its flag, its handling and the test of the flag.
 USER_OPTION = {"vllm_mtp_plugin/tools/bench/cli.py", "vllm_mtp_plugin/tools/bench/serve_mode.py",
                "vllm_mtp_plugin/tools/bench/offline_mode.py", "tests/test_bench_e2e.py"}
-REASONED = {"eager_for", "eager_serve_args"}  # tools/engine/modes.py: the one list of reasons
+REASONED = {"eager_for", "eager_serve_args"}  # tools/engine/eager_reasons.py: the one list of reasons
 EAGER_FLAG = re.compile(r"--enforce-eager|enforce_eager")
 
 
 def _calls_reasoned(node: ast.AST) -> bool:
-    """The value comes from engine/modes.py (``eager_for(reason)`` somewhere inside it)."""
+    """The value comes from engine/eager_reasons.py (``eager_for(reason)`` somewhere inside it)."""
     return any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None))
                in REASONED for n in ast.walk(node))
 
@@ -35,7 +35,7 @@ def _calls_reasoned(node: ast.AST) -> bool:
 def eager_settings_without_reason(source: str) -> list[tuple[int, str]]:
     """(line, what) for every place the code sets ``enforce_eager`` (a keyword argument or a dict
     entry, whatever its value: ``True``, a variable, an expression) or passes the
-    ``--enforce-eager`` flag, unless the value comes from ``engine/modes.py``."""
+    ``--enforce-eager`` flag, unless the value comes from ``engine/eager_reasons.py``."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.keyword) and node.arg == "enforce_eager":
@@ -67,7 +67,7 @@ def test_default_is_vllms_compilation_and_reasons_are_listed():
     assert eager_for(None) is False and eager_serve_args(None) == []
     for reason in EAGER_REASONS:
         assert eager_for(reason) is True and eager_serve_args(reason) == ["--enforce-eager"]
-    with pytest.raises(ValueError, match=r"unknown reason to run eager 'faster'.*engine/modes\.py"):
+    with pytest.raises(ValueError, match=r"unknown reason to run eager 'faster'.*engine/eager_reasons\.py"):
         eager_for("faster")
     with pytest.raises(ValueError, match="unknown reason"):
         OfflineConfig("m", eager="because")
@@ -83,7 +83,7 @@ def test_no_engine_turns_compilation_off_without_a_reason():
     found = []
     for path in _python_files():
         relative = path.relative_to(ROOT).as_posix()
-        if relative in USER_OPTION or relative == "vllm_mtp_plugin/tools/engine/modes.py" \
+        if relative in USER_OPTION or relative == "vllm_mtp_plugin/tools/engine/eager_reasons.py" \
                 or path == Path(__file__).resolve():
             continue
         found += [f"{relative}:{line}: {what}"
@@ -93,7 +93,7 @@ def test_no_engine_turns_compilation_off_without_a_reason():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if EAGER_FLAG.search(line.split("#", 1)[0]):
                 found.append(f"{relative}:{number}: {line.strip()}")
-    assert found == [], "use tools/engine/modes.py (eager_for / eager_serve_args):\n" + "\n".join(found)
+    assert found == [], "use tools/engine/eager_reasons.py (eager_for / eager_serve_args):\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("code", [

@@ -33,7 +33,7 @@ def runner(request):
 def _run(model, k, impl, runner, prompts, count_layer_calls=False):
     """vLLM's default compilation, except runs that count layer calls from Python, and the V1
     oracle at k = 1 and 3 and the random checkpoint, whose compiled twins are the oracle at k = 2
-    and the noisy checkpoint here (``engine/modes.py``: "compiled-twin")."""
+    and the noisy checkpoint here (``engine/eager_reasons.py``: "compiled-twin")."""
     twin = runner == "v1" and (k in (1, 3) or model.name.startswith("random"))
     eager = "layer-calls" if count_layer_calls else "compiled-twin" if twin else None
     result = run_config(OfflineConfig(str(model), k, impl, list(prompts), MAX_TOKENS,

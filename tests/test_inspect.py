@@ -12,7 +12,8 @@ import pytest
 import torch
 from support.checkpoint_edits import drop, edited_copy
 
-from vllm_mtp_plugin.tools.checkpoint.report import inspect_checkpoint, main
+from vllm_mtp_plugin.tools.checkpoint.report import inspect_checkpoint
+from vllm_mtp_plugin.tools.inspect_cli import main
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint as build_v4
 
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from vllm_mtp_plugin.tools.tiny import trained
-from vllm_mtp_plugin.tools.train.data import write_shard
+from vllm_mtp_plugin.tools.mtp_layer.shard_format import write_shard
 
 pytestmark = pytest.mark.engine  # demo and bench start vLLM
 

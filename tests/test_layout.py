@@ -61,7 +61,9 @@ print(len(loaded), *loaded)
 
 def test_every_patch_is_listed_in_docs_patches_with_its_module_in_table_order():
     """docs/patches.md's table is checked against ``REGISTER_PATCHES``: one row per patch, in the
-    order ``register()`` applies them, each naming the one module that holds the patch."""
+    order ``register()`` applies them, each naming the one module that holds the patch. A patch
+    has one name: its module's, its ``Patch.name`` and its applying function's; its module's
+    ``probe()`` is its probe."""
     readme = README.read_text()
     rows = [line.split("|")[1].strip() for line in readme.splitlines()
             if line.startswith("| `")]
@@ -70,19 +72,21 @@ def test_every_patch_is_listed_in_docs_patches_with_its_module_in_table_order():
         module = patch.apply.__module__
         assert module.startswith("vllm_mtp_plugin.patches."), patch.name
         assert patch.probe.__module__ == module, patch.name  # the whole patch in one file
+        assert module.rsplit(".", 1)[1] == patch.name == patch.apply.__name__
+        assert patch.probe.__name__ == "probe", patch.name
         path = module.removeprefix("vllm_mtp_plugin.").replace(".", "/") + ".py"
         expected.append(f"`{patch.name}` (`{path}`)")
     assert rows[:len(expected)] == expected
     from vllm_mtp_plugin import platform  # the V4 import helper lives with the block lookup
     from vllm_mtp_plugin import precedence  # kept beside the rule it serves
-    from vllm_mtp_plugin.tools import cli
+    from vllm_mtp_plugin.tools.engine import vllm_version
     from vllm_mtp_plugin.tools.live import endpoints, tap
 
-    assert callable(platform.import_v4_module) and callable(cli.patch_cli_version_lookup)
+    assert callable(platform.import_v4_module) and callable(vllm_version.patch_cli_version_lookup)
     assert callable(precedence.keep_claimed_architectures) and callable(tap.install)
     assert callable(endpoints.install)
     assert rows[len(expected):] == ["`keep_claimed_architectures` (`precedence.py`)",
-                                    "`patch_cli_version_lookup` (`tools/cli.py`)",
+                                    "`patch_cli_version_lookup` (`tools/engine/vllm_version.py`)",
                                     "`finished_request_tap` (`tools/live/tap.py`)",
                                     "`live_endpoint_plugin` (`tools/live/endpoints.py`)",
                                     "`import_v4_module` (`platform.py`)"]
@@ -137,17 +141,38 @@ def test_cli_help_names_every_build_tiny_mode(capsys):
     assert all(mode in line for mode in BUILD_TINY_MODES) and "{" not in line
 
 
-def imports_of(path: Path) -> set[str]:
+def test_cli_version_and_unknown_command(capsys):
+    """``--version`` names this package's version and vLLM's; an unknown command fails with the
+    usage on stderr."""
+    from vllm_mtp_plugin import __version__
+    from vllm_mtp_plugin.tools import cli
+
+    assert cli.main(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert f"vllm-mtp-plugin {__version__}, vLLM " in out
+    assert cli.main(["no-such-command"]) == 2
+    streams = capsys.readouterr()
+    assert streams.out == "" and "unknown command 'no-such-command'" in streams.err
+    assert "``vllm-mtp serve ...``" in streams.err
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    """``vllm_mtp_plugin.a.b`` for ``package/a/b.py`` (a package's name for its __init__)."""
+    return ".".join(("vllm_mtp_plugin", *path.relative_to(package).with_suffix("").parts)
+                    ).removesuffix(".__init__")
+
+
+def imports_of(path: Path, package: Path = PACKAGE) -> set[str]:
     """The package modules ``path`` imports (anywhere in it, deferred imports included)."""
-    module = ".".join(("vllm_mtp_plugin", *path.relative_to(PACKAGE).with_suffix("").parts))
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    package = package.removesuffix(".__init__")
+    module = ".".join(("vllm_mtp_plugin", *path.relative_to(package).with_suffix("").parts))
+    package_name = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    package_name = package_name.removesuffix(".__init__")
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                parts = package.split(".")
+                parts = package_name.split(".")
                 parts = parts[:len(parts) - node.level + 1]
                 base = ".".join(parts + ([node.module] if node.module else []))
             names = [f"{base}.{alias.name}" for alias in node.names] + [base]
@@ -159,42 +184,103 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
-def module_graph() -> dict[str, set[str]]:
+def module_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """Package module -> the package modules it imports (a package's name means its __init__)."""
-    modules = {".".join(("vllm_mtp_plugin", *p.relative_to(PACKAGE).with_suffix("").parts))
-               .removesuffix(".__init__"): p for p in PACKAGE.rglob("*.py")}
-    return {name: {m for m in imports_of(path) if m in modules and m != name}
+    modules = {module_name(p, package): p for p in package.rglob("*.py")}
+    return {name: {m for m in imports_of(path, package) if m in modules and m != name}
             for name, path in modules.items()}
 
 
-# The layers, lowest first: a module imports only from its own layer or below.
-LAYERS = (
-    ("plugin part", lambda m: ".tools" not in m),
-    ("shared tools", lambda m: m.startswith(("vllm_mtp_plugin.tools.engine",
-                                             "vllm_mtp_plugin.tools.checkpoint",
-                                             "vllm_mtp_plugin.tools.provenance",
-                                             "vllm_mtp_plugin.tools.prompt_files"))
-     or m == "vllm_mtp_plugin.tools"),
-    ("commands", lambda m: True),
-)
+TOOLS = "vllm_mtp_plugin.tools"
+DISPATCHER = f"{TOOLS}.cli"
+# Commands whose package every other tool builds on: build-tiny's checkpoint builder.
+SHARED_COMMAND_PACKAGES = {f"{TOOLS}.tiny"}
 
 
-def layer_of(module: str) -> int:
-    return next(i for i, (_, member) in enumerate(LAYERS) if member(module))
+def command_table(package: Path = PACKAGE) -> dict[str, str]:
+    """``tools/cli.py``'s ``COMMANDS``: command -> ``"module:function"``, read from the source."""
+    tree = ast.parse((package / "tools" / "cli.py").read_text())
+    (table,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["COMMANDS"]]
+    return ast.literal_eval(table)
+
+
+def command_packages(package: Path = PACKAGE) -> set[str]:
+    """What each command of the table runs in: the package (or the module) right below tools/
+    that holds its function, the shared ones left out."""
+    found = {".".join(entry.split(":")[0].split(".")[:3]) for entry in
+             command_table(package).values()}
+    return found - SHARED_COMMAND_PACKAGES
+
+
+def command_of(module: str, commands: set[str]) -> str | None:
+    return next((c for c in commands if module == c or module.startswith(c + ".")), None)
+
+
+def command_to_command_imports(package: Path = PACKAGE) -> list[str]:
+    """Every import of a module of one command by a module of another."""
+    commands = command_packages(package)
+    return sorted(f"{m} imports {i}" for m, imported in module_graph(package).items()
+                  for i in imported if command_of(m, commands)
+                  and command_of(i, commands) not in (None, command_of(m, commands)))
+
+
+def test_the_command_table_names_a_function_of_each_module():
+    for command, entry in command_table().items():
+        module, function = entry.split(":")
+        path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+        defined = {node.name for node in ast.parse(path.read_text()).body
+                   if isinstance(node, ast.FunctionDef)}
+        assert function in defined, f"{command}: {entry}"
+
+
+def test_no_command_imports_another_command():
+    """Commands stand side by side: what two of them use lives on the shared floor below them."""
+    assert {f"{TOOLS}.{name}" for name in ("bench", "tune", "doctor", "train", "live", "demo",
+                                           "graft")} <= command_packages()
+    assert command_to_command_imports() == []
+
+
+def test_the_command_check_finds_a_command_importing_another(tmp_path):
+    """The check above on a copy of the package with one command reaching into another."""
+    import shutil
+
+    copy = tmp_path / "vllm_mtp_plugin"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    tune = copy / "tools" / "tune" / "cli.py"
+    tune.write_text(tune.read_text() + "\nfrom ..bench.report import markdown_table\n")
+    assert command_to_command_imports(copy) == [
+        f"{TOOLS}.tune.cli imports {TOOLS}.bench.report"]
+
+
+def layer_of(module: str, commands: set[str]) -> int:
+    """0 the plugin part, 1 the shared tools, 2 the commands, 3 the dispatcher (``tools/cli.py``):
+    a module imports only from its own layer or below."""
+    if not module.startswith(TOOLS):
+        return 0
+    if module == DISPATCHER:
+        return 3
+    return 2 if command_of(module, commands) else 1
+
+
+LAYERS = ("plugin part", "shared tools", "commands", "dispatcher")
 
 
 def test_imports_go_down_the_layers_and_no_tool_imports_a_command_line():
-    graph = module_graph()
-    upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {i} ({LAYERS[layer_of(i)][0]})"
-              for m, imported in graph.items() for i in imported if layer_of(i) > layer_of(m)]
+    graph, commands = module_graph(), command_packages()
+    upward = [f"{m} ({LAYERS[layer_of(m, commands)]}) imports {i} "
+              f"({LAYERS[layer_of(i, commands)]})"
+              for m, imported in graph.items() for i in imported
+              if layer_of(i, commands) > layer_of(m, commands)]
     assert upward == []
-    # A command's command line (``*.cli``) is imported by the ``vllm-mtp`` dispatcher only, and
-    # the engine wing imports nothing of the commands or the checkpoint package.
+    # A command's command line (``*.cli``) is imported by no other package, and the engine wing
+    # imports nothing else of the tools but the machine's CPU facts it sets engine arguments by.
     clis = [f"{m} imports {i}" for m, imported in graph.items() for i in imported
             if i.endswith(".cli") and not m.startswith(i.rsplit(".", 1)[0])]
     assert clis == []
     engine = [f"{m} imports {i}" for m, imported in graph.items() if ".tools.engine" in m
-              for i in imported if ".tools." in i and ".tools.engine" not in i]
+              for i in imported if ".tools." in i and ".tools.engine" not in i
+              and i != f"{TOOLS}.cpu_features"]
     assert engine == []
 
 

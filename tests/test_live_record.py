@@ -25,7 +25,7 @@ from openai import OpenAI
 from vllm_mtp_plugin.tools.engine import metrics
 from vllm_mtp_plugin.tools.engine.server import Server
 from vllm_mtp_plugin.tools.tiny import trained
-from vllm_mtp_plugin.tools.train.data import SequenceStore
+from vllm_mtp_plugin.tools.mtp_layer.shard_format import SequenceStore
 
 from support.recorded import recorded_requests, sent_requests
 from support.target_greedy import mismatches
@@ -160,7 +160,7 @@ def test_seeded_prompt_prefilled_in_chunks_samples_as_in_one_step(served):
     """A seeded request whose prompt takes several steps (vLLM throws away the token sampled on
     each partial one) gives the tokens the same request gives when its prompt is one step from
     the prefix cache: the thrown-away draws left its generator alone
-    (``patches/cpu_seeded_prefill.py``; vLLM 0.32 alone kills the engine on the first)."""
+    (``patches/seeded_chunked_prefill_on_cpu.py``; vLLM 0.32 alone kills the engine on the first)."""
     (cold,), (warm,), (other_seed,) = served["seeded"]
     assert len(cold[0]) - 2 * 32 > 64, len(cold[0])  # uncached past the preamble: over one step
     assert cold[0] == warm[0] and len(cold[1]) == MAX_TOKENS
@@ -207,7 +207,7 @@ def test_recorded_states_are_what_the_drafter_serves_on(served):
     """The checkpoint's own layer on the recorded states agrees with the target about as often
     as the served drafts were accepted (the same layer on the same inputs): rows shifted by one
     position or taken from another request would agree at chance (~0)."""
-    from vllm_mtp_plugin.tools.doctor.reference import evaluate
+    from vllm_mtp_plugin.tools.mtp_layer.evaluation import evaluate
 
     own = evaluate(served["model"], served["dir"], 1, "recursive", device="cpu")
     served_rate = served["acceptance"]["acceptance_rate"]

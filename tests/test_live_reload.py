@@ -16,7 +16,7 @@ import pytest
 from openai import OpenAI
 
 from vllm_mtp_plugin.tools.engine import metrics
-from vllm_mtp_plugin.tools.engine.cpu_features import avx512_hidden
+from vllm_mtp_plugin.tools.cpu_features import avx512_hidden
 from vllm_mtp_plugin.tools.engine.server import Server
 from vllm_mtp_plugin.tools.live import record_metrics
 from vllm_mtp_plugin.tools.live.reload_client import main as reload_main, request_reload
@@ -247,9 +247,9 @@ def test_model_runner_v2_records_and_reloads(layers):
     noised layer for the trained one, acceptance rises, the outputs stay the target's own, and
     the trained layer's own agreement on the recorded states is the acceptance it then serves
     with (states of other rows or positions would agree at chance)."""
-    from vllm_mtp_plugin.tools.doctor.reference import evaluate
+    from vllm_mtp_plugin.tools.mtp_layer.evaluation import evaluate
     from vllm_mtp_plugin.tools.engine.mrv2 import harness_env
-    from vllm_mtp_plugin.tools.train.data import SequenceStore
+    from vllm_mtp_plugin.tools.mtp_layer.shard_format import SequenceStore
 
     root = layers["root"]
     with _serve(layers["noised"], root / "v2-serve.log", "--enable-layer-reload",

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_mtp_plugin.tools.live import shards, tap
+from vllm_mtp_plugin.tools.live import recording_dir, tap
 from vllm_mtp_plugin.tools.live.options import (WORKER_EXTENSION, LiveOptionError,
                                                 split_live_options)
-from vllm_mtp_plugin.tools.train.data import (SequenceStore, TrainInputError, shard_summary,
-                                              write_shard)
+from vllm_mtp_plugin.tools.mtp_layer.shard_format import SequenceStore, shard_summary, write_shard
+from vllm_mtp_plugin.tools.mtp_layer.v3_target import TrainInputError
 
 SPEC = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
 
@@ -171,23 +171,23 @@ def _shard(path, n_sequences=2, length=5, hidden=8, private=True):
 
 
 def test_shards_are_owner_only_whole_and_bounded(tmp_path):
-    first = shards.shard_path(tmp_path, 1)
+    first = recording_dir.shard_path(tmp_path, 1)
     _shard(first)
     assert stat.S_IMODE(first.stat().st_mode) == 0o600
     assert not list(tmp_path.glob("*.partial"))
     size = first.stat().st_size
     later = []
     for n in range(2, 5):
-        path = shards.shard_path(tmp_path, n)
+        path = recording_dir.shard_path(tmp_path, n)
         _shard(path)
         os.utime(path, (1e9 + n, 1e9 + n))
         later.append(path)
     os.utime(first, (1e9, 1e9))
-    removed = shards.enforce_bound(tmp_path, 2 * size)
+    removed = recording_dir.enforce_bound(tmp_path, 2 * size)
     assert removed == [first.name, later[0].name]
-    assert sorted(p.name for p in tmp_path.glob(shards.SHARD_GLOB)) == sorted(
+    assert sorted(p.name for p in tmp_path.glob(recording_dir.SHARD_GLOB)) == sorted(
         p.name for p in later[1:])
-    assert shards.enforce_bound(tmp_path, 1) == [later[1].name]  # the newest always stays
+    assert recording_dir.enforce_bound(tmp_path, 1) == [later[1].name]  # the newest always stays
     store = SequenceStore(tmp_path)
     assert len(store) == 2 and store.prompt_lengths == [2, 2]
 
@@ -195,7 +195,7 @@ def test_shards_are_owner_only_whole_and_bounded(tmp_path):
 def test_leftovers_of_a_killed_server_are_removed(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
-    host = shards._host()
+    host = recording_dir._host()
     partial = tmp_path / f"shard-20260101T000000-{host}-{dead}-00001.partial"
     raw = tmp_path / f".raw-{host}-{dead}-00002"
     alive = tmp_path / f".raw-{host}-{os.getppid()}-00001"
@@ -204,7 +204,7 @@ def test_leftovers_of_a_killed_server_are_removed(tmp_path):
         path.write_bytes(b"half")
     for path in (raw, alive):
         path.mkdir()
-    assert sorted(shards.remove_leftovers(tmp_path)) == sorted([partial.name, raw.name])
+    assert sorted(recording_dir.remove_leftovers(tmp_path)) == sorted([partial.name, raw.name])
     assert alive.exists() and other_host.exists()
 
 
@@ -458,8 +458,8 @@ def test_the_bound_holds_when_another_server_removes_shards_meanwhile(tmp_path, 
 
     monkeypatch.setattr(type(tmp_path), "stat", stat_of)
     one = real_stat(tmp_path / "shard-1.safetensors").st_size
-    assert shards.enforce_bound(tmp_path, one) == ["shard-1.safetensors"]
-    assert shards.directory_bytes(tmp_path) == one
+    assert recording_dir.enforce_bound(tmp_path, one) == ["shard-1.safetensors"]
+    assert recording_dir.directory_bytes(tmp_path) == one
 
 
 def test_directories_others_can_write_or_own_are_refused(tmp_path):
@@ -603,7 +603,7 @@ def test_a_rounds_shards_stay_readable_when_the_bound_removes_them(tmp_path):
     from vllm_mtp_plugin.tools.live.adapt import _link_shards
 
     shards = tmp_path / "shards"
-    shards.mkdir()
+    recording_dir.mkdir()
     kept, gone = shards / "shard-1.safetensors", shards / "shard-2.safetensors"
     kept.write_bytes(b"data")
     into = _link_shards([kept, gone], tmp_path / "round" / "data")
@@ -619,7 +619,7 @@ def test_a_rounds_heldout_set_is_the_first_shards_after_its_snapshot(tmp_path):
     from vllm_mtp_plugin.tools.live.options import AdaptSettings
 
     shards = tmp_path / "shards"
-    shards.mkdir()
+    recording_dir.mkdir()
     for i in range(6):
         write_shard(shards / f"shard-{i}.safetensors", [[1, 2, 3, 4, 5]], [6],
                     [torch.zeros(5, 4)], [2], {})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
+from vllm_mtp_plugin.tools.engine.eager_reasons import eager_serve_args
 from vllm_mtp_plugin.tools.engine.server import Server, start_all
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

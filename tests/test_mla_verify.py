@@ -18,7 +18,7 @@ import torch
 from support.checkpoint_edits import same_target
 from support.hardware import needs_cpu
 from vllm_mtp_plugin import patches
-from vllm_mtp_plugin.patches import mla_verify
+from vllm_mtp_plugin.patches import mla_verify_as_decode
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
 
 LATENT, ROPE, BLOCK = 512, 64, 16  # what vLLM's CPU MLA kernel is built for
@@ -29,7 +29,7 @@ def cpu_mla():
     from vllm.platforms import current_platform
 
     current_platform.import_kernels()
-    return importlib.import_module(mla_verify.CPU_MLA_MODULE)
+    return importlib.import_module(mla_verify_as_decode.CPU_MLA_MODULE)
 
 
 @pytest.fixture
@@ -39,21 +39,21 @@ def patched_builder(cpu_mla, monkeypatch):
 
     backend = cpu_mla.CPUMLABackend  # vLLM 0.32's builder, whether or not the plugin ran here
     monkeypatch.setattr(backend, "get_builder_cls", staticmethod(lambda: MLACommonMetadataBuilder))
-    mla_verify._install(cpu_mla)
+    mla_verify_as_decode._install(cpu_mla)
     builder = backend.get_builder_cls()
-    assert issubclass(builder, mla_verify.DecodeRowPerQueryToken)
+    assert issubclass(builder, mla_verify_as_decode.DecodeRowPerQueryToken)
     return builder
 
 
 def test_decode_rows_give_each_query_token_its_causal_length():
     qsl = torch.tensor([0, 1, 4, 6], dtype=torch.int32)
-    rows, seq_lens = mla_verify.decode_rows(qsl, torch.tensor([10, 20, 5]), 6)
+    rows, seq_lens = mla_verify_as_decode.decode_rows(qsl, torch.tensor([10, 20, 5]), 6)
     assert rows.tolist() == [0, 1, 1, 1, 2, 2]
     assert seq_lens.tolist() == [10, 18, 19, 20, 4, 5]
-    assert mla_verify.decode_rows(torch.tensor([0, 1, 2]), torch.tensor([7, 9]), 2) is None
+    assert mla_verify_as_decode.decode_rows(torch.tensor([0, 1, 2]), torch.tensor([7, 9]), 2) is None
     with pytest.raises(RuntimeError, match=r"query lengths \[1, 3\] do not add up to 5 decode "
                                            r"tokens; run with VLLM_MTP_MLA_VERIFY=0"):
-        mla_verify.decode_rows(torch.tensor([0, 1, 4]), torch.tensor([7, 9]), 5)
+        mla_verify_as_decode.decode_rows(torch.tensor([0, 1, 4]), torch.tensor([7, 9]), 5)
 
 
 def prefill_path_attention(q_nope, q_pe, latent, w_uk, w_uv, scale, positions):
@@ -132,11 +132,11 @@ class _Metadata:
 
 
 def test_probe_is_on_for_cpus_and_off_with_the_switch(monkeypatch):
-    assert mla_verify.probe() is None
+    assert mla_verify_as_decode.probe() is None
     monkeypatch.setenv("VLLM_MTP_MLA_VERIFY", "0")
-    assert mla_verify.probe() == "switched off (VLLM_MTP_MLA_VERIFY=0)"
+    assert mla_verify_as_decode.probe() == "switched off (VLLM_MTP_MLA_VERIFY=0)"
     (entry,) = [p for p in patches.REGISTER_PATCHES if p.name == "mla_verify_as_decode"]
-    assert entry.apply is mla_verify.mla_verify_as_decode and entry.unpatched == mla_verify.UNPATCHED
+    assert entry.apply is mla_verify_as_decode.mla_verify_as_decode and entry.unpatched == mla_verify_as_decode.UNPATCHED
 
 
 @pytest.mark.parametrize("change", ["forward_mqa", "_build_decode"])
@@ -161,11 +161,11 @@ def test_a_changed_vllm_is_left_alone_with_a_warning_naming_it(cpu_mla, monkeypa
         monkeypatch.setattr(backend, "get_builder_cls", staticmethod(lambda: Renamed))
         missing = "keyword(s) block_table_tensor, seq_lens_device of Renamed._build_decode"
     before = backend.get_builder_cls
-    mla_verify._install(cpu_mla)
+    mla_verify_as_decode._install(cpu_mla)
     assert backend.get_builder_cls is before
     warnings = [r.getMessage() for r in plugin_log.records if r.levelno == logging.WARNING]
     assert warnings == [f"vllm-mtp-plugin: mla_verify_as_decode not applied: {missing} not "
-                        f"found. {mla_verify.UNPATCHED}"]
+                        f"found. {mla_verify_as_decode.UNPATCHED}"]
 
 
 def test_a_builder_that_takes_multi_token_decodes_is_left_alone_quietly(cpu_mla, monkeypatch,
@@ -177,7 +177,7 @@ def test_a_builder_that_takes_multi_token_decodes_is_left_alone_quietly(cpu_mla,
         query_len_support = QueryLenSupport.UNIFORM
 
     monkeypatch.setattr(cpu_mla.CPUMLABackend, "get_builder_cls", staticmethod(lambda: Fixed))
-    mla_verify._install(cpu_mla)
+    mla_verify_as_decode._install(cpu_mla)
     assert cpu_mla.CPUMLABackend.get_builder_cls() is Fixed
     assert [r.levelno for r in plugin_log.records] == [logging.DEBUG]
 

@@ -9,22 +9,22 @@ import pytest
 import torch
 
 from vllm_mtp_plugin import patches
-from vllm_mtp_plugin.patches import (aot_cache, cpu_seeded_prefill, top_k_empty_batch,
-                                     v4_tile_scheduler)
+from vllm_mtp_plugin.patches import (seeded_chunked_prefill_on_cpu, skip_unloadable_aot_cache,
+                                     top_k_on_empty_batch, v4_cpu_tile_scheduler_keys)
 
 SAMPLER = "vllm.v1.sample.ops.topk_topp_sampler"
 
 
 def test_top_k_replacement_passes_new_arguments_through(monkeypatch):
     seen = []
-    monkeypatch.setattr(top_k_empty_batch, "_vllm_apply_top_k_only",
+    monkeypatch.setattr(top_k_on_empty_batch, "_vllm_apply_top_k_only",
                         lambda logits, k, *a, **kw: seen.append((a, kw)) or logits * 2)
     logits = torch.ones(2, 4)
-    assert torch.equal(top_k_empty_batch.apply_top_k_only(logits, torch.tensor([1, 2]), "mask", fill=-1.0),
+    assert torch.equal(top_k_on_empty_batch.apply_top_k_only(logits, torch.tensor([1, 2]), "mask", fill=-1.0),
                        logits * 2)
     assert seen == [(("mask",), {"fill": -1.0})]
     empty = torch.empty(0, 4)
-    assert top_k_empty_batch.apply_top_k_only(empty, torch.empty(0), "mask") is empty and len(seen) == 1
+    assert top_k_on_empty_batch.apply_top_k_only(empty, torch.empty(0), "mask") is empty and len(seen) == 1
 
 
 def test_top_k_probe_leaves_the_sampler_unimported_where_triton_runs(monkeypatch):
@@ -32,7 +32,7 @@ def test_top_k_probe_leaves_the_sampler_unimported_where_triton_runs(monkeypatch
 
     monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)
     monkeypatch.delitem(sys.modules, SAMPLER, raising=False)
-    assert top_k_empty_batch._probe_top_k_on_empty_batch() == "Triton's top-k/top-p kernel runs here"
+    assert top_k_on_empty_batch.probe() == "Triton's top-k/top-p kernel runs here"
     assert SAMPLER not in sys.modules
 
 
@@ -67,7 +67,7 @@ def _runner(bookkeeping):
 
 def test_seeded_prefill_patch_withholds_only_thrown_away_rows_and_puts_them_back():
     rewinding = _runner(_rewinding_bookkeeping)
-    cpu_seeded_prefill._install(SimpleNamespace(CPUModelRunner=rewinding))
+    seeded_chunked_prefill_on_cpu._install(SimpleNamespace(CPUModelRunner=rewinding))
     runner = rewinding()
     assert runner.sample_tokens() == {1: "g1"}  # row 0 is thrown away; row 2 is past num_reqs
     assert runner.input_batch.generators == {0: "g0", 1: "g1"}
@@ -75,17 +75,17 @@ def test_seeded_prefill_patch_withholds_only_thrown_away_rows_and_puts_them_back
         runner.sample_tokens(fail=True)
     assert runner.input_batch.generators == {0: "g0", 1: "g1"}
     wrapped = rewinding.sample_tokens
-    cpu_seeded_prefill._install(SimpleNamespace(CPUModelRunner=rewinding))  # once only
+    seeded_chunked_prefill_on_cpu._install(SimpleNamespace(CPUModelRunner=rewinding))  # once only
     assert rewinding.sample_tokens is wrapped
 
     plain = _runner(_plain_bookkeeping)
     kept = plain.sample_tokens
-    cpu_seeded_prefill._install(SimpleNamespace(CPUModelRunner=plain))
+    seeded_chunked_prefill_on_cpu._install(SimpleNamespace(CPUModelRunner=plain))
     assert plain.sample_tokens is kept  # a vLLM that rewinds nothing is left alone
 
 
 def test_seeded_prefill_patch_warns_when_the_runner_moved(plugin_log):
-    cpu_seeded_prefill._install(SimpleNamespace())
+    seeded_chunked_prefill_on_cpu._install(SimpleNamespace())
     assert [w.split(". ")[0] for w in warnings_in(plugin_log)] == [
         "vllm-mtp-plugin: seeded_chunked_prefill_on_cpu not applied: vllm.v1.worker."
         "cpu_model_runner.CPUModelRunner._bookkeeping_sync not found"]
@@ -262,7 +262,7 @@ def cpu_mla():
     """vLLM's CPU V4 attention module, imported as vLLM imports it (seconds)."""
     import importlib
 
-    return importlib.import_module(v4_tile_scheduler.V4_CPU_MLA_MODULE)
+    return importlib.import_module(v4_cpu_tile_scheduler_keys.V4_CPU_MLA_MODULE)
 
 
 @pytest.fixture
@@ -284,19 +284,19 @@ V4_CONSEQUENCE = ("DeepSeek-V4 models on CPU may then fail at their first decode
 @pytest.mark.parametrize("renamed", ["builder", "layer types", "layer types module"])
 def test_the_v4_tile_scheduler_fix_names_what_vllm_renamed(cpu_mla, vllm_builder, monkeypatch,
                                                             plugin_log, renamed):
-    shared = sys.modules[v4_tile_scheduler.V4_LAYER_TYPES_MODULE]
+    shared = sys.modules[v4_cpu_tile_scheduler_keys.V4_LAYER_TYPES_MODULE]
     if renamed == "builder":
-        monkeypatch.delattr(cpu_mla, v4_tile_scheduler.V4_CPU_BUILDER)
-        missing = f"{v4_tile_scheduler.V4_CPU_MLA_MODULE}.{v4_tile_scheduler.V4_CPU_BUILDER}"
+        monkeypatch.delattr(cpu_mla, v4_cpu_tile_scheduler_keys.V4_CPU_BUILDER)
+        missing = f"{v4_cpu_tile_scheduler_keys.V4_CPU_MLA_MODULE}.{v4_cpu_tile_scheduler_keys.V4_CPU_BUILDER}"
     elif renamed == "layer types":
         for name in [n for n in vars(shared) if n.startswith("_LAYER_TYPE_")]:
             monkeypatch.delattr(shared, name)
-        missing = f"the _LAYER_TYPE_* names of {v4_tile_scheduler.V4_LAYER_TYPES_MODULE}"
+        missing = f"the _LAYER_TYPE_* names of {v4_cpu_tile_scheduler_keys.V4_LAYER_TYPES_MODULE}"
     else:
-        monkeypatch.delitem(sys.modules, v4_tile_scheduler.V4_LAYER_TYPES_MODULE)
-        missing = f"module {v4_tile_scheduler.V4_LAYER_TYPES_MODULE} (the V4 layer types)"
+        monkeypatch.delitem(sys.modules, v4_cpu_tile_scheduler_keys.V4_LAYER_TYPES_MODULE)
+        missing = f"module {v4_cpu_tile_scheduler_keys.V4_LAYER_TYPES_MODULE} (the V4 layer types)"
     vllm_own = vllm_builder.build_tile_scheduler
-    v4_tile_scheduler._complete_v4_tile_scheduler(cpu_mla)
+    v4_cpu_tile_scheduler_keys._complete_v4_tile_scheduler(cpu_mla)
     assert vllm_builder.build_tile_scheduler is vllm_own  # vLLM left as it is
     (warning,) = warnings_in(plugin_log)
     assert warning.startswith(
@@ -306,7 +306,7 @@ def test_the_v4_tile_scheduler_fix_names_what_vllm_renamed(cpu_mla, vllm_builder
 
 def test_the_v4_tile_scheduler_fix_is_quiet_where_it_is_not_needed_and_applies_where_it_is(
         cpu_mla, vllm_builder, monkeypatch, plugin_log):
-    shared = sys.modules[v4_tile_scheduler.V4_LAYER_TYPES_MODULE]
+    shared = sys.modules[v4_cpu_tile_scheduler_keys.V4_LAYER_TYPES_MODULE]
     every_type = {v: None for k, v in vars(shared).items() if k.startswith("_LAYER_TYPE_")}
     vllm_own = vllm_builder.build_tile_scheduler
 
@@ -314,11 +314,11 @@ def test_the_v4_tile_scheduler_fix_is_quiet_where_it_is_not_needed_and_applies_w
         return dict(every_type)
 
     monkeypatch.setattr(vllm_builder, "build_tile_scheduler", fixed_in_vllm)
-    v4_tile_scheduler._complete_v4_tile_scheduler(cpu_mla)
+    v4_cpu_tile_scheduler_keys._complete_v4_tile_scheduler(cpu_mla)
     assert vllm_builder.build_tile_scheduler is fixed_in_vllm
     assert [r.levelno for r in plugin_records(plugin_log)] == [logging.DEBUG]
     vllm_builder.build_tile_scheduler = vllm_own  # vLLM 0.32's: completed, with nothing to warn
-    v4_tile_scheduler._complete_v4_tile_scheduler(cpu_mla)
+    v4_cpu_tile_scheduler_keys._complete_v4_tile_scheduler(cpu_mla)
     assert vllm_builder.build_tile_scheduler(None, 0) == every_type
     assert warnings_in(plugin_log) == []
 
@@ -339,7 +339,7 @@ def test_the_v4_tile_scheduler_probe_warns_only_where_vllm_moved_its_cpu_attenti
     cannot find it). A vLLM without V4 on CPU: not needed, at debug level only."""
     import vllm
 
-    modules = [v4_tile_scheduler.V4_CPU_BLOCK_MODULE] if has_block else []
+    modules = [v4_cpu_tile_scheduler_keys.V4_CPU_BLOCK_MODULE] if has_block else []
     monkeypatch.setattr(vllm, "__file__", fake_vllm_tree(tmp_path, *modules))
     monkeypatch.setattr(patches, "REGISTER_PATCHES", tuple(
         p for p in patches.REGISTER_PATCHES if p.name == "v4_cpu_tile_scheduler_keys"))
@@ -349,12 +349,12 @@ def test_the_v4_tile_scheduler_probe_warns_only_where_vllm_moved_its_cpu_attenti
         (warning,) = warnings_in(plugin_log)
         assert warning.startswith(
             "vllm-mtp-plugin: v4_cpu_tile_scheduler_keys not applied: module "
-            f"{v4_tile_scheduler.V4_CPU_MLA_MODULE} not found (this vLLM has {v4_tile_scheduler.V4_CPU_BLOCK_MODULE}). "
+            f"{v4_cpu_tile_scheduler_keys.V4_CPU_MLA_MODULE} not found (this vLLM has {v4_cpu_tile_scheduler_keys.V4_CPU_BLOCK_MODULE}). "
             f"{V4_CONSEQUENCE}")
     else:
         assert warnings_in(plugin_log) == []
         assert outcome == ("skipped: this vLLM runs no DeepSeek-V4 on CPU (no "
-                           f"{v4_tile_scheduler.V4_CPU_BLOCK_MODULE})")
+                           f"{v4_cpu_tile_scheduler_keys.V4_CPU_BLOCK_MODULE})")
 
 
 def test_a_renamed_vllm_function_under_a_patch_is_a_warning_with_its_consequence(
@@ -387,4 +387,4 @@ def test_a_renamed_vllm_function_under_a_patch_is_a_warning_with_its_consequence
     (warning,) = warnings_in(plugin_log)
     assert warning.startswith("vllm-mtp-plugin: patch skip_unloadable_aot_cache left out "
                               "(AttributeError: ")
-    assert warning.endswith("vLLM runs unpatched there. " + aot_cache.AOT_UNPATCHED)
+    assert warning.endswith("vLLM runs unpatched there. " + skip_unloadable_aot_cache.AOT_UNPATCHED)

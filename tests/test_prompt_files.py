@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from vllm_mtp_plugin.tools.bench.prompts import load_prompt_groups, load_prompts
+from vllm_mtp_plugin.tools.prompt_files import load_prompt_groups, load_prompts
 from vllm_mtp_plugin.tools.prompt_files import PromptFileError, prompt_of, read_records
-from vllm_mtp_plugin.tools.train.target import TrainInputError
-from vllm_mtp_plugin.tools.train.data import load_training_prompts
+from vllm_mtp_plugin.tools.mtp_layer.v3_target import TrainInputError
+from vllm_mtp_plugin.tools.mtp_layer.drafter_inputs import load_training_prompts
 
 
 def test_plain_lines_are_prompts_for_every_tool(tmp_path):

@@ -27,11 +27,11 @@ from safetensors.torch import load_file, save
 from vllm_mtp_plugin import recording
 from vllm_mtp_plugin.recording_window import WindowRows
 from vllm_mtp_plugin.tools.live import recorder as recorder_module
-from vllm_mtp_plugin.tools.live import shards
+from vllm_mtp_plugin.tools.live import recording_dir
 from vllm_mtp_plugin.tools.live.options import RecordSettings
 from vllm_mtp_plugin.tools.live.recorder import TrafficRecorder
-from vllm_mtp_plugin.tools.train.data import SequenceStore
-from vllm_mtp_plugin.tools.train.shard_file import Entry, write_pieces
+from vllm_mtp_plugin.tools.mtp_layer.shard_format import SequenceStore
+from vllm_mtp_plugin.tools.mtp_layer.shard_writer import Entry, write_pieces
 
 WIDTH = 8
 
@@ -325,8 +325,8 @@ def test_old_shards_go_after_max_age(tmp_path):
         path.write_bytes(b"x" * 10)
         then = time.time() - age_h * 3600
         os.utime(path, (then, then))
-    assert shards.enforce_bound(tmp_path, 10**9, max_age_s=24 * 3600) == ["shard-0.safetensors"]
-    assert shards.enforce_bound(tmp_path, 10**9, max_age_s=3600 / 2) == [
+    assert recording_dir.enforce_bound(tmp_path, 10**9, max_age_s=24 * 3600) == ["shard-0.safetensors"]
+    assert recording_dir.enforce_bound(tmp_path, 10**9, max_age_s=3600 / 2) == [
         "shard-1.safetensors", "shard-2.safetensors"]  # the newest too, once it is too old
 
 

@@ -91,7 +91,7 @@ print(override.__module__, out.architectures[0], out.n_predict)
 """
     out = subprocess.run([sys.executable, "-c", load], input=dumped, capture_output=True,
                          check=True, env={**__import__("os").environ, "VLLM_PLUGINS": ""})
-    assert out.stdout.decode().split() == ["vllm_mtp_plugin.patches.mtp_checkpoint", "DeepSeekMTPModel", "2"]
+    assert out.stdout.decode().split() == ["vllm_mtp_plugin.patches.check_mtp_checkpoint", "DeepSeekMTPModel", "2"]
 
 
 def test_extra_arguments_reach_vllms_function(monkeypatch):
@@ -101,7 +101,7 @@ def test_extra_arguments_reach_vllms_function(monkeypatch):
 
     from transformers import PretrainedConfig
 
-    from vllm_mtp_plugin.patches import mtp_checkpoint
+    from vllm_mtp_plugin.patches import check_mtp_checkpoint
 
     calls = []
 
@@ -109,22 +109,22 @@ def test_extra_arguments_reach_vllms_function(monkeypatch):
         calls.append(transformers_mtp_overrides)
         return hf_config
 
-    monkeypatch.setattr(mtp_checkpoint, "_vllm_hf_config_override", vllm_033)
+    monkeypatch.setattr(check_mtp_checkpoint, "_vllm_hf_config_override", vllm_033)
     config = PretrainedConfig(num_nextn_predict_layers=1)
     config.model_type = "deepseek_v3"
-    assert mtp_checkpoint.hf_config_override(config, {"a": 1}) is config
-    functools.partial(mtp_checkpoint.hf_config_override, transformers_mtp_overrides={"b": 2})(config)
+    assert check_mtp_checkpoint.hf_config_override(config, {"a": 1}) is config
+    functools.partial(check_mtp_checkpoint.hf_config_override, transformers_mtp_overrides={"b": 2})(config)
     assert calls == [{"a": 1}, {"b": 2}]
     config.num_nextn_predict_layers = 0
     with pytest.raises(ValueError, match="config.json sets num_nextn_predict_layers to 0"):
-        mtp_checkpoint.hf_config_override(config, None)
+        check_mtp_checkpoint.hf_config_override(config, None)
     # The Transformers backend's overrides: vLLM skips its DeepSeek rewrite, and so do the checks.
-    assert mtp_checkpoint.hf_config_override(config, {"a": 1}) is config
+    assert check_mtp_checkpoint.hf_config_override(config, {"a": 1}) is config
     assert calls[-1] == {"a": 1}
     for model_type in ("deepseek_v32", "glm_moe_dsa", "deepseek_v4"):
         config.model_type = model_type
         with pytest.raises(ValueError, match="config.json sets num_nextn_predict_layers to 0"):
-            mtp_checkpoint.hf_config_override(config)
+            check_mtp_checkpoint.hf_config_override(config)
 
 
 def test_a_failing_patch_warns_and_leaves_vllm_as_it_was(monkeypatch):

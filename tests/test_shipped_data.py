@@ -4,7 +4,7 @@ how large the trained tiny model is. Stated here once; other tests use the files
 import collections
 import json
 
-from vllm_mtp_plugin.tools.bench.prompts import load_prompts
+from vllm_mtp_plugin.tools.prompt_files import load_prompts
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_mtp_plugin.tools.bench.stats import (comparison, distinct_drafts, median_interval,
+from vllm_mtp_plugin.tools.stats import (comparison, distinct_drafts, median_interval,
                                               separated, wilson)
 from vllm_mtp_plugin.tools.provenance import host_paths, local_path, portable, run_record
 

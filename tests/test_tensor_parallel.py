@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vllm_mtp_plugin.tools.engine.cpu_features import avx512_hidden
+from vllm_mtp_plugin.tools.cpu_features import avx512_hidden
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
 
 

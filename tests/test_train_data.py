@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from vllm_mtp_plugin.tools.tiny import trained
-from vllm_mtp_plugin.tools.train.target import open_target
-from vllm_mtp_plugin.tools.train.collect import CollectSettings, _engine, collect, cpu_without_bf16
-from vllm_mtp_plugin.tools.train.data import SequenceStore, assemble
-from vllm_mtp_plugin.tools.train.layers import FrozenTarget, transformers_config, mtp_forward
-from vllm_mtp_plugin.tools.train.model import initial_layer
+from vllm_mtp_plugin.tools.mtp_layer.v3_target import open_target
+from vllm_mtp_plugin.tools.state_collection import CollectSettings, _engine, collect, cpu_without_bf16
+from vllm_mtp_plugin.tools.mtp_layer.drafter_inputs import assemble
+from vllm_mtp_plugin.tools.mtp_layer.shard_format import SequenceStore
+from vllm_mtp_plugin.tools.mtp_layer.transformers_layer import FrozenTarget, transformers_config, mtp_forward
+from vllm_mtp_plugin.tools.mtp_layer.trainable import initial_layer
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 

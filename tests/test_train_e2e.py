@@ -11,10 +11,10 @@ from importlib import resources
 
 import pytest
 
-from vllm_mtp_plugin.tools.bench.prompts import load_prompts
+from vllm_mtp_plugin.tools.prompt_files import load_prompts
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.train.cli import DEFAULT_PROMPTS, default_work_dir
-from vllm_mtp_plugin.tools.train.data import load_training_prompts
+from vllm_mtp_plugin.tools.mtp_layer.drafter_inputs import load_training_prompts
 
 from support.engines import engine_runner
 

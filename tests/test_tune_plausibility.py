@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from vllm_mtp_plugin.tools.bench.plausibility import (beyond_acceptance, cheaper_than_plain,
+from vllm_mtp_plugin.tools.throughput.plausibility import (beyond_acceptance, cheaper_than_plain,
                                                       row_problems, tune_problems)
 from vllm_mtp_plugin.tools.tune import cli as tune_cli
 

@@ -9,7 +9,7 @@ requests of a pass in step, so every decode step of a pass has the pass's batch 
 import pytest
 
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
-from vllm_mtp_plugin.tools.tune.model import schedule, speculative_config
+from vllm_mtp_plugin.tools.throughput.prediction import schedule, speculative_config
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 

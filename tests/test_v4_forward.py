@@ -23,7 +23,7 @@ from support.drafters import (
     v4_kernels_missing,
 )
 
-from vllm_mtp_plugin.tools.engine.cpu_features import AVX512_BF16
+from vllm_mtp_plugin.tools.cpu_features import AVX512_BF16
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 

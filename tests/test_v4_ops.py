@@ -5,7 +5,7 @@ import torch
 from support.hardware import needs_cpu
 
 from vllm_mtp_plugin.ops import PortableHCHeadOp, hc_head, hc_head_op, register_portable_hc_head
-from vllm_mtp_plugin.tools.engine.cpu_features import AVX512_BF16
+from vllm_mtp_plugin.tools.cpu_features import AVX512_BF16
 
 RMS_EPS, HC_EPS = 1e-6, 1e-6
 

@@ -15,7 +15,7 @@ import pytest
 from support.drafters import tiny_v4_checkpoint
 
 from vllm_mtp_plugin import platform as plat
-from vllm_mtp_plugin.tools.engine import cpu_features
+from vllm_mtp_plugin.tools import cpu_features
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 

@@ -15,7 +15,7 @@ from openai import OpenAI
 from support.hardware import needs_v4_target
 from support.drafters import tiny_v4_checkpoint
 
-from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
+from vllm_mtp_plugin.tools.engine.eager_reasons import eager_serve_args
 from vllm_mtp_plugin.tools.engine import metrics
 from vllm_mtp_plugin.tools.engine.mrv2 import harness_env
 from vllm_mtp_plugin.tools.engine.server import Server

@@ -4,15 +4,8 @@ its layer in place (``reload.py``)."""
 
 from __future__ import annotations
 
+from .platform import runner_drafter
 from .recording import RecordingWorkerExtension
-
-
-def runner_drafter(runner):
-    """The draft model a vLLM model runner keeps, or None (no speculation, or a speculator
-    without a model): V1 at ``runner.drafter.model``, Model Runner V2 at
-    ``runner.speculator.model``."""
-    owner = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
-    return getattr(owner, "model", None)
 
 
 class LiveWorkerExtension(RecordingWorkerExtension):

@@ -101,6 +101,14 @@ V4_BLOCK_MODULES = {
 V4_BLOCK_ATTRIBUTE = "deepseek_v4_decoder_layer"
 
 
+def runner_drafter(runner):
+    """The draft model a vLLM model runner keeps, or None (no speculation, or a speculator
+    without a model): V1 at ``runner.drafter.model``, Model Runner V2 at
+    ``runner.speculator.model``."""
+    owner = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+    return getattr(owner, "model", None)
+
+
 def platform_family() -> str:
     """``cuda``, ``rocm``, ``xpu``, ``cpu``, ``oot`` (out-of-tree plugin) or ``other``."""
     from vllm.platforms import current_platform as p

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from vllm_mtp_plugin.tools.bench.stats import distinct_drafts, wilson
+from vllm_mtp_plugin.tools.stats import distinct_drafts, wilson
 
 from .common import bench_rows, one_row, rate, source_line, table
 
@@ -127,7 +127,7 @@ def trained_sampling() -> str:
 def sampling_separation() -> str:
     """Whether probabilistic drafts' pooled k = 3 intervals separate from greedy drafts' at every
     position and temperature > 0 (a generated "higher" or "within noise" with where)."""
-    from vllm_mtp_plugin.tools.bench.stats import comparison
+    from vllm_mtp_plugin.tools.stats import comparison
 
     verdicts = []
     for temperature in [t for t in _temperatures() if t > 0]:
@@ -225,7 +225,7 @@ def kinds_compared() -> str:
     positions where two kinds' 95 % intervals lie apart (all others overlap)."""
     from itertools import combinations
 
-    from vllm_mtp_plugin.tools.bench.stats import separated
+    from vllm_mtp_plugin.tools.stats import separated
 
     counts, apart, compared = [], [], 0
     for temperature in _temperatures():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from vllm_mtp_plugin.tools.bench.stats import median_interval
+from vllm_mtp_plugin.tools.stats import median_interval
 
 from .common import load, source_line, table
 

@@ -18,7 +18,7 @@ import json
 import statistics
 from functools import lru_cache
 
-from vllm_mtp_plugin.tools.bench.plausibility import cheaper_than_plain
+from vllm_mtp_plugin.tools.throughput.plausibility import cheaper_than_plain
 from vllm_mtp_plugin.tools.engine.interference import BUSY_SHARE
 
 from .common import load, percent

@@ -4,7 +4,7 @@ full tables; each with the range over engine processes where a run had several."
 from __future__ import annotations
 
 from vllm_mtp_plugin.tools.bench import report
-from vllm_mtp_plugin.tools.bench.plausibility import row_problems
+from vllm_mtp_plugin.tools.throughput.plausibility import row_problems
 
 from .acceptance import KINDS, TRAINED, _drafts, _temperatures, trained_row
 from .common import bench_rows, load, rate, source_line, table
@@ -112,12 +112,12 @@ def full_table(name: str) -> str:
 
 
 def impossible_line(rows: list[dict]) -> str:
-    """" **Impossible figures** ...": rows whose timings cannot be (``bench/plausibility.py``),
+    """" **Impossible figures** ...": rows whose timings cannot be (``throughput/plausibility.py``),
     checked afresh on the stored rows; empty when there are none."""
     found = [f"{r['impl']} {r.get('prompts') or 'all'} T={r.get('temperature') or 0:g} "
              f"(verify {r.get('mla_verify', 'on')}): {problem}"
              for r in rows for problem in row_problems(r)]
-    return (" **Impossible figures, not to be used** (`tools/bench/plausibility.py`): "
+    return (" **Impossible figures, not to be used** (`tools/throughput/plausibility.py`): "
             + "; ".join(found) + ".") if found else ""
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fractions import Fraction
 from math import lcm
 
-from vllm_mtp_plugin.tools.bench.stats import comparison, wilson
+from vllm_mtp_plugin.tools.stats import comparison, wilson
 
 from .common import load, table
 

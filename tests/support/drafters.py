@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_mtp_plugin.tools.engine.modes import eager_for
+from vllm_mtp_plugin.tools.engine.eager_reasons import eager_for
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint
 
 _ROOT = None
@@ -153,7 +153,7 @@ def load_drafter(vllm_config, tensors: dict[str, torch.Tensor], cls=None, before
 def v4_kernels_missing() -> list[str]:
     """Why vLLM's CPU V4 kernels (``_C``: the block's attention packing, ``hc_head``) are absent."""
     from vllm_mtp_plugin.platform import platform_family
-    from vllm_mtp_plugin.tools.engine.cpu_features import CPU_FEATURES_FOR_V4, missing_cpu_features
+    from vllm_mtp_plugin.tools.cpu_features import CPU_FEATURES_FOR_V4, missing_cpu_features
 
     return missing_cpu_features(*CPU_FEATURES_FOR_V4) if platform_family() == "cpu" else []
 

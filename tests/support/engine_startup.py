@@ -10,14 +10,14 @@ V4 attention metadata (a Triton kernel), after everything checked here has happe
 import json
 import os
 import sys
-from vllm_mtp_plugin.tools.engine.modes import eager_for
+from vllm_mtp_plugin.tools.engine.eager_reasons import eager_for
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def report(worker) -> dict:
-    from vllm_mtp_plugin.tools.engine.runner_probe import drafter_model, model_runner_kind
+    from vllm_mtp_plugin.tools.engine.worker_report import drafter_model, model_runner_kind
 
     runner = worker.model_runner
     target, drafter = runner.model, drafter_model(runner)

@@ -188,10 +188,10 @@ def _serve(reply_fd: int) -> int:
 
     # What ``python -m vllm_mtp_plugin.tools.engine.offline`` imports before its engine (not offline
     # itself: a job runs it as __main__, which runpy wants absent from sys.modules).
-    import vllm_mtp_plugin.tools.engine.cpu_features  # noqa: F401
-    import vllm_mtp_plugin.tools.engine.modes  # noqa: F401
+    import vllm_mtp_plugin.tools.cpu_features  # noqa: F401
+    import vllm_mtp_plugin.tools.engine.eager_reasons  # noqa: F401
     import vllm_mtp_plugin.tools.engine.mrv2  # noqa: F401
-    import vllm_mtp_plugin.tools.engine.runner_probe  # noqa: F401
+    import vllm_mtp_plugin.tools.engine.worker_report  # noqa: F401
 
     if os.environ.get(PRELOAD):
         runpy.run_path(os.environ[PRELOAD], run_name="fork_server_preload")

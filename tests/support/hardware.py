@@ -1,6 +1,6 @@
 """Skips for parts of the suite that this CPU cannot run, each naming the missing flag.
 
-The flags come from one probe, ``vllm_mtp_plugin.tools.engine.cpu_features`` (read once per process;
+The flags come from one probe, ``vllm_mtp_plugin.tools.cpu_features`` (read once per process;
 ``MTP_TEST_HIDE_AVX512=1`` hides AVX-512 and AMX). Skip only where the hardware really is the
 limit: tests of names, shapes, maps and loading select their kernels explicitly instead
 (``support/drafters.py``). docs/testing.md, "Hardware the tests need", lists every user of these.
@@ -9,7 +9,7 @@ limit: tests of names, shapes, maps and loading select their kernels explicitly 
 import pytest
 
 from vllm_mtp_plugin.platform import platform_family
-from vllm_mtp_plugin.tools.engine.cpu_features import deepseek_v4_cpu_blockers, missing_cpu_features
+from vllm_mtp_plugin.tools.cpu_features import deepseek_v4_cpu_blockers, missing_cpu_features
 
 
 def needs_cpu(*flags: str, part: str):

@@ -1,6 +1,6 @@
 """What a recording directory holds, in the form a client's requests can be compared with."""
 
-from vllm_mtp_plugin.tools.train.data import SequenceStore
+from vllm_mtp_plugin.tools.mtp_layer.shard_format import SequenceStore
 
 
 def recorded_requests(store: SequenceStore) -> list[tuple[list[int], int]]:

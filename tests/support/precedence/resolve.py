@@ -73,7 +73,7 @@ def main(order: str, *switches: str) -> None:
 def run_engine(checkpoint: str) -> dict:
     from vllm import LLM, SamplingParams
 
-    from vllm_mtp_plugin.tools.engine.modes import eager_for
+    from vllm_mtp_plugin.tools.engine.eager_reasons import eager_for
 
     llm = LLM(checkpoint, enforce_eager=eager_for("load-time"), distributed_executor_backend="uni",
               max_model_len=256, dtype="float32",

@@ -1,9 +1,9 @@
 """``vllm-mtp bench``: acceptance and throughput of MTP speculative decoding, plugin vs in-tree.
 
-Modules: ``prompts`` (prompt sets), ``checkpoints`` (paths or tiny presets), ``sweep`` (the
-configurations), ``offline_mode`` / ``serve_mode`` (measure them), ``steptimer`` (the engine's own
-per-step timings), ``interference`` (CPU other processes took meanwhile), ``plausibility`` (what
-a measurement can physically be), ``stats`` (acceptance intervals), ``loadgen`` (streaming
-OpenAI client), ``analysis`` (medians, percentiles, speed-ups, the ideal bound), ``report`` (JSON,
-Markdown, plots), ``crosscheck`` (vLLM's own ``vllm bench serve`` on the same server), ``cli``.
+Modules: ``sweep`` (the configurations), ``offline_mode`` / ``serve_mode`` (measure them),
+``analysis`` (percentiles, speed-ups, the ideal bound), ``report`` (JSON, Markdown, plots),
+``crosscheck`` (vLLM's own ``vllm bench serve`` on the same server), ``cli``. From the shared
+floor: prompt sets (``prompt_files``), checkpoints and tiny presets (``tiny/presets``), what a
+measurement can physically be (``throughput/plausibility``), acceptance intervals (``stats``),
+and the engines, their step timings and the CPU other processes took (``engine/``).
 """

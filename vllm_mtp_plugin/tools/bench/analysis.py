@@ -19,18 +19,13 @@ verification at the floor) reaches k + 1, no drafter can make speculation pay of
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable
 
 import numpy as np
 
-from ..engine.metrics import SpecDecodeCounters
-from .plausibility import row_problems
-
-
-def median(values: Iterable[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return statistics.median(kept) if kept else None
+from ..engine.metrics import total_counters
+from ..stats import median
+from ..throughput.plausibility import row_problems
 
 
 def latency_summary(seconds: Iterable[float | None]) -> dict:
@@ -47,29 +42,6 @@ def median_of(dicts: list[dict | None]) -> dict:
     dicts = [d for d in dicts if d]
     keys = dict.fromkeys(k for d in dicts for k in d)
     return {k: median(d.get(k) for d in dicts) for k in keys}
-
-
-def counters_from_summary(summary: dict | None) -> SpecDecodeCounters:
-    """Invert ``SpecDecodeCounters.summary()``."""
-    if not summary:
-        return SpecDecodeCounters()
-    return SpecDecodeCounters(summary["num_drafts"], summary["num_draft_tokens"],
-                              summary["num_accepted_tokens"],
-                              tuple(summary.get("accepted_per_position") or ()))
-
-
-def total_counters(summaries: Iterable[dict | None]) -> SpecDecodeCounters:
-    """Counters of several runs added up (a ratio of sums, not a mean of ratios)."""
-    drafts = draft_tokens = accepted = 0.0
-    per_position: list[float] = []
-    for c in map(counters_from_summary, summaries):
-        drafts += c.num_drafts
-        draft_tokens += c.num_draft_tokens
-        accepted += c.num_accepted_tokens
-        per_position += [0.0] * (len(c.accepted_per_position) - len(per_position))
-        for i, value in enumerate(c.accepted_per_position):
-            per_position[i] += value
-    return SpecDecodeCounters(drafts, draft_tokens, accepted, tuple(per_position))
 
 
 def ideal_speedup(mean_acceptance_length: float, k: int, draft_cost_ratio: float) -> float:

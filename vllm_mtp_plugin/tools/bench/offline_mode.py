@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..engine.offline import OfflineConfig, run_config
 from .analysis import finish_row, latency_summary
-from .checkpoints import Checkpoint
+from ..tiny.presets import Checkpoint
 from ..engine.interference import Meter, disturbed
 from .sweep import Config, Sweep
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..provenance import machine_line
+
 COLUMNS = ("checkpoint", "impl", "prompts", "T", "k", "conc", "tok/s", "speed-up", "ideal", "meas/ideal",
            "vs in-tree", "accept", "accept len", "per position", "TTFT ms mean/p50/p99",
            "TPOT ms mean/p50/p99", "draft MiB", "other CPU s")
@@ -74,17 +76,6 @@ def markdown_table(rows: list[dict]) -> str:
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     return "\n".join(lines)
-
-
-def machine_line(env: dict) -> str:
-    """The machine a run measured, with the CPU flags its speed depends on."""
-    flags = " ".join(env.get("cpu_flags") or []) or "none of the listed"
-    missing = " ".join(env.get("cpu_flags_missing") or [])
-    hidden = " hidden by MTP_TEST_HIDE_AVX512=1" if env.get("avx512_hidden") else ""
-    return (f"machine: {env.get('cpu')}, {env.get('cpus')} CPUs; flags: {flags}"
-            + (f" (without {missing}{hidden})" if missing else "")
-            + f"; vLLM kernels {env.get('vllm_kernels')}; vLLM {env.get('vllm')}, "
-              f"torch {env.get('torch')}")
 
 
 def floor_text(rows: list[dict], env: dict) -> str:

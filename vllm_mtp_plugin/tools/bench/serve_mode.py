@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..engine import metrics
-from ..engine.cpu_features import serve_args_for_dtype
+from ..cpu_features import serve_args_for_dtype
 from ..engine.mrv2 import harness_env
 from ..engine.server import Server
 from .analysis import finish_row, latency_summary
-from .checkpoints import Checkpoint
+from ..tiny.presets import Checkpoint
 from .crosscheck import compare, run_vllm_bench_serve
 from ..engine.interference import Meter
 from ..engine.loadgen import run_requests, served_model

@@ -26,14 +26,12 @@ import dataclasses
 import itertools
 from pathlib import Path
 
+from ..engine.engine_args import DRAFT_SAMPLE_METHODS, REJECTION_SAMPLE_METHODS
+
 MODES = ("offline", "serve")
 # The benchmark preset (~460 M parameters, where MTP pays off on a small CPU) with a drafter right
 # 80 % of the time at the first position; DeepSeek-V3 reports 85-90 % for its MTP module.
 DEFAULT_CHECKPOINT = "bench:noisy:0.8"
-# vLLM's choices for speculative_config.draft_sample_method / rejection_sample_method, default
-# first ("synthetic" rejection is left out: it forces acceptance rates, nothing to measure).
-DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
-REJECTION_SAMPLE_METHODS = ("standard", "block")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +72,8 @@ class Config:
 
     def verify_env(self) -> dict[str, str]:
         """The engine's switch for the plugin's ``mla_verify_as_decode`` patch
-        (``patches/mla_verify.py``): "off" runs vLLM's own verification path."""
-        from ...patches.mla_verify import SWITCH
+        (``patches/mla_verify_as_decode.py``): "off" runs vLLM's own verification path."""
+        from ...patches.mla_verify_as_decode import SWITCH
 
         return {SWITCH: "0"} if self.mla_verify == "off" else {}
 
@@ -159,7 +157,7 @@ class Sweep:
 
         Greedy passes are deterministic; sampled ones give request i the seed ``seed + i``, so
         every configuration samples from the same random streams."""
-        from .prompts import is_chat
+        from ..prompt_files import is_chat
 
         return [{"label": {"prompts": kind, "temperature": t}, "prompts": prompts,
                  "chat": is_chat(prompts),

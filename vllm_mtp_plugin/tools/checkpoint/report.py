@@ -1,4 +1,5 @@
-"""``vllm-mtp inspect DIR``: what a checkpoint offers an MTP drafter, read from file headers only.
+"""What a checkpoint offers an MTP drafter, read from file headers only: the report ``vllm-mtp
+inspect`` prints (``tools/inspect_cli.py``) and ``vllm-mtp doctor`` starts from.
 
 Before a multi-hundred-gigabyte load, a user wants to know: does this checkpoint still have its MTP
 layers (quantizers drop them), in which format, in which dtypes, and which tensors the drafter will
@@ -10,8 +11,6 @@ word what ``vllm serve`` would refuse the checkpoint with.
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -115,13 +114,3 @@ def format_report(report: dict) -> str:
                             else ""))
     lines += [f"  PROBLEM: {p}" for p in report["problems"]] or ["  OK: usable as an MTP drafter"]
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="vllm-mtp inspect", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model_dir")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
-    report = inspect_checkpoint(args.model_dir)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return 1 if report["problems"] else 0

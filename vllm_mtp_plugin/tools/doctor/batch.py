@@ -20,8 +20,8 @@ EVEN = 0.05
 def measure_batch_sizes(model: Path, prompts: list, batch_sizes: list[int], max_tokens: int,
                         engine_args: dict, timeout: float, log_dir: Path, progress=print) -> dict:
     """Per batch size: measured and modelled speed-up of k = 1 over no speculation."""
-    from ..tune.measure import TuneRun, measure
-    from ..tune.model import acceptance_lengths, predictions
+    from ..throughput.measure import TuneRun, measure
+    from ..throughput.prediction import acceptance_lengths, predictions
 
     completions = [p for p in prompts if isinstance(p, str)]
     run = TuneRun(model=str(model), prompts=completions or prompts, concurrencies=batch_sizes,

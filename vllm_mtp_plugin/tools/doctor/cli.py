@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.model is None:
             report = _selftest(args, facts, work)
         else:
-            from ..train.target import TrainInputError
+            from ..mtp_layer.v3_target import TrainInputError
 
             try:
                 report = _diagnose(args, extra, work)

@@ -99,7 +99,7 @@ def summed_counters(runs: list[dict]) -> dict:
 
 def counted(spec: dict) -> dict:
     """Acceptance of the first draft with its 95 % interval, from spec-decode counters."""
-    from ..bench.stats import wilson
+    from ..stats import wilson
 
     drafts, accepted = spec.get("num_drafts") or 0, (spec.get("accepted_per_position") or [0])[0]
     return {"drafts": drafts, "accepted": accepted,
@@ -111,7 +111,7 @@ def collect_reference_data(model: Path, settings: DiagnosisSettings, work: Path,
                            log: Path) -> dict:
     """``vllm-mtp train``'s collection, greedy, with the served layer's output, in a process of
     its own (its engine's memory goes before the reference loads the layer)."""
-    from ..train.collect import CollectSettings
+    from ..state_collection import CollectSettings
 
     prompts_len = settings.engine_args.get("max_model_len")
     collect_settings = CollectSettings(temperature=0.0, max_new_tokens=settings.max_tokens,
@@ -123,7 +123,7 @@ def collect_reference_data(model: Path, settings: DiagnosisSettings, work: Path,
            "dtype": settings.engine_args.get("dtype", "auto"), "engine_kwargs": engine_kwargs}
     (work / "collect.json").write_text(json.dumps(job, indent=1))
     with open(log, "w") as out:
-        done = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.tools.train.collect",
+        done = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.tools.state_collection",
                                str(work / "collect.json")], stdout=out, stderr=subprocess.STDOUT,
                               timeout=settings.timeout)
     if done.returncode != 0:
@@ -152,7 +152,7 @@ def eager_counters(manifest: dict) -> dict:
 def reference_unavailable(model: Path) -> str:
     """Why the reference cannot evaluate this checkpoint's layer (it runs transformers'
     DeepSeek-V3 modules, as ``vllm-mtp train`` does), or "" when it can."""
-    from ..train.target import TrainInputError, open_target
+    from ..mtp_layer.v3_target import TrainInputError, open_target
 
     try:
         open_target(model)
@@ -163,7 +163,7 @@ def reference_unavailable(model: Path) -> str:
 
 def diagnose(model: Path, settings: DiagnosisSettings, work: Path, progress=print) -> dict:
     """Every step above; returns the report's ``checks``, ``verdict`` and figures."""
-    from ..train.data import load_training_prompts
+    from ..mtp_layer.drafter_inputs import load_training_prompts
 
     checks: list[Check] = []
     kind, problems, report = findings(model)

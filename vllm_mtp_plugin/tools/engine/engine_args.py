@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import json
 
+# vLLM's choices for speculative_config.draft_sample_method / rejection_sample_method, default
+# first ("synthetic" rejection is left out: it forces acceptance rates, nothing to measure).
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+REJECTION_SAMPLE_METHODS = ("standard", "block")
+
 
 def engine_args(extra: list[str], prog: str, refused: tuple[str, ...] = (),
                 why_refused: str = "") -> dict:

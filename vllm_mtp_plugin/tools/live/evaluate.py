@@ -1,5 +1,5 @@
 """``python -m vllm_mtp_plugin.tools.live.evaluate SERVING CANDIDATE HELDOUT --out FILE``: both
-layers evaluated outside vLLM on the same held-out recorded traffic (``doctor/reference.py``:
+layers evaluated outside vLLM on the same held-out recorded traffic (``mtp_layer/evaluation.py``:
 first-position agreement with the target's next-next token, with its 95 % interval). A process of
 its own, so that the server's event loop and memory are not touched."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    from ..doctor.reference import evaluate
+    from ..mtp_layer.evaluation import evaluate
 
     p = argparse.ArgumentParser(prog="vllm_mtp_plugin.tools.live.evaluate")
     p.add_argument("serving")

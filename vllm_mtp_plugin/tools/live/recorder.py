@@ -4,8 +4,8 @@ A sampled fraction of finished requests (prompt + output token ids, from ``tap.p
 re-prefilled on the serving engine itself, in windows of up to ``window_requests``, while the
 plugin's drafter records what it receives (``vllm_mtp_plugin.recording``, switched on through
 ``collective_rpc`` for the window only). Each window becomes one shard in the format
-``vllm-mtp train --data`` reads (``tools/train/data.py``): per request its prompt and output, and
-at every position the hidden state the drafter received - what the training pairs
+``vllm-mtp train --data`` reads (``tools/mtp_layer/shard_format.py``): per request its prompt and
+output, and at every position the hidden state the drafter received - what the training pairs
 (h_i, t_i+1) -> t_i+2 need.
 
 Why re-prefill instead of keeping what the drafter saw while the request was served: with prefix
@@ -40,7 +40,7 @@ from collections import Counter
 from pathlib import Path
 
 from .options import RecordSettings
-from .shards import directory_bytes, enforce_bound, raw_dir, remove_leftovers, shard_path
+from .recording_dir import directory_bytes, enforce_bound, raw_dir, remove_leftovers, shard_path
 from .tap import OWN_REQUEST_PREFIX, unpatched_generate
 from .window_shard import window_rows, write_window_shard
 

@@ -5,7 +5,7 @@ The workers write, per drafter call, the rows of the window's requests and a ``s
 are read to find, per request, the rows that cover each of its positions; a request with a
 position missing is left out. The shard is then written request by request, reading at most
 ``PIECE_BYTES`` of hidden states at a time from the memory-mapped raw files
-(``shard_file.write_pieces``): the API server's memory does not grow with the window
+(``shard_writer.write_pieces``): the API server's memory does not grow with the window
 (tested with a window of several hundred MB).
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from ..train.data import shard_entries, shard_metadata
-from ..train.shard_file import DTYPES, write_pieces
+from ..mtp_layer.shard_format import shard_entries, shard_metadata
+from ..mtp_layer.shard_writer import DTYPES, write_pieces
 
 PIECE_BYTES = 16 * 2**20
 _DTYPE_OF = {name: dtype for dtype, name in DTYPES.items()}

@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..train.optim import ExpertLoadBalancer, OptimizerSettings, learning_rate
+from ..mtp_layer.optim import ExpertLoadBalancer, OptimizerSettings, learning_rate
 
 
 @dataclasses.dataclass

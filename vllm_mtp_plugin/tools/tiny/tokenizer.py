@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from importlib import resources
 from pathlib import Path
+
+from ..prompt_files import bundled_prompt_texts
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
@@ -24,12 +25,6 @@ CHAT_TEMPLATE = (
     "{% else %}<｜Assistant｜>{{ message['content'] }}{{ eos_token }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
 )
-
-
-def bundled_prompt_texts() -> list[str]:
-    """The prompts shipped in ``data/prompts.jsonl`` (also the tokenizer's training text)."""
-    path = resources.files("vllm_mtp_plugin.tools").joinpath("data/prompts.jsonl")
-    return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
 
 
 def write_tokenizer(out_dir: Path, vocab_size: int, texts: Iterable[str] | None = None) -> None:

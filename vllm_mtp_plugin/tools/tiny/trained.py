@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from . import corpus
-from ..train.layers import transformers_config
+from ..mtp_layer.transformers_layer import transformers_config
 from .pretrain import PretrainSettings, train
 from .tokenizer import BOS, EOS, write_tokenizer
 from .v3 import TinyArch, hf_config

@@ -25,9 +25,9 @@ from importlib import resources
 from pathlib import Path
 
 from ..checkpoint.target import TargetCheckpoint, TargetCheckpointError
-from .collect import CollectSettings
-from .model import INITS, PARAMETER_GROUPS, UNROLLS
-from .target import TrainInputError, open_target
+from ..state_collection import CollectSettings
+from ..mtp_layer.trainable import INITS, PARAMETER_GROUPS, UNROLLS
+from ..mtp_layer.v3_target import TrainInputError, open_target
 from .trainer import TrainSettings
 
 DEFAULT_PROMPTS = "data/train_prompts.jsonl"
@@ -128,8 +128,8 @@ def _scaffold(target: TargetCheckpoint, settings: TrainSettings, work: Path) -> 
     if (scaffold / "config.json").exists():
         return scaffold
     from .export import export
-    from .layers import to_checkpoint_tensors
-    from .model import MtpTrainModel
+    from ..mtp_layer.transformers_layer import to_checkpoint_tensors
+    from ..mtp_layer.trainable import MtpTrainModel
 
     model = MtpTrainModel(target, settings.init, 1, "recursive", settings.seed)
     export(target, [to_checkpoint_tensors(model.layers[0].state_dict())], scaffold)
@@ -149,7 +149,7 @@ def _collect(args, target: TargetCheckpoint, settings: TrainSettings, work: Path
     (work / "collect.json").write_text(json.dumps(job, indent=1))
     print(f"[1/3] collecting the target's continuations and the drafter's inputs through vLLM "
           f"({prompts})", flush=True)
-    done = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.tools.train.collect",
+    done = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.tools.state_collection",
                            str(work / "collect.json")])
     if done.returncode != 0:
         raise SystemExit(f"vllm-mtp train: collection failed (exit {done.returncode}); the "
@@ -159,7 +159,7 @@ def _collect(args, target: TargetCheckpoint, settings: TrainSettings, work: Path
 
 def _recorded(args, target: TargetCheckpoint) -> tuple[int, int]:
     """Sequences and tokens in ``--data DIR``, refused when they cannot train this target."""
-    from .data import SHARD_FORMATS, shard_summary
+    from ..mtp_layer.shard_format import SHARD_FORMATS, shard_summary
 
     if args.prompts:
         raise TrainInputError("--data DIR trains on recorded shards; --prompts is for "
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from .export import export
-    from .model import resolve_init
+    from ..mtp_layer.trainable import resolve_init
     from .run import history, trained_layers
     from .trainer import plot
 
@@ -238,7 +238,7 @@ def _run(args) -> int:
     if args.data:
         sequences, tokens = _recorded(args, target)
     else:
-        from .data import load_training_prompts
+        from ..mtp_layer.drafter_inputs import load_training_prompts
 
         load_training_prompts(prompts)  # a bad prompt file fails before any engine starts
     settings = TrainSettings(steps=args.steps, epochs=args.epochs, batch_size=args.batch_size,

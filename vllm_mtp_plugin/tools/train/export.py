@@ -19,7 +19,7 @@ import torch
 from ..checkpoint.files import assemble
 from ..checkpoint.quantize import quantize_fp8_blocks
 from ..checkpoint.target import SCALE_SUFFIX, TargetCheckpoint
-from .target import TrainInputError
+from ..mtp_layer.v3_target import TrainInputError
 
 LAYER_SHARD = "mtp-00001-of-00001.safetensors"
 

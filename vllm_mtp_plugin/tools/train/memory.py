@@ -20,8 +20,8 @@ import dataclasses
 
 import torch
 
-from .layers import transformers_config
-from .model import PARAMETER_GROUPS
+from ..mtp_layer.transformers_layer import transformers_config
+from ..mtp_layer.trainable import PARAMETER_GROUPS
 
 
 @dataclasses.dataclass

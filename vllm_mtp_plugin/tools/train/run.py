@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from .target import open_target
-from .data import SequenceStore
-from .layers import to_checkpoint_tensors
-from .model import MtpTrainModel
+from ..mtp_layer.v3_target import open_target
+from ..mtp_layer.shard_format import SequenceStore
+from ..mtp_layer.transformers_layer import to_checkpoint_tensors
+from ..mtp_layer.trainable import MtpTrainModel
 from .trainer import (BEST_LAYERS, TrainSettings, full_layer_states, load_state, save_history,
                       train)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from .data import SequenceStore
-from .model import MtpTrainModel
-from .optim import ExpertLoadBalancer, OptimizerSettings, learning_rate
-from .target import TrainInputError
+from ..mtp_layer.shard_format import SequenceStore
+from ..mtp_layer.trainable import MtpTrainModel
+from ..mtp_layer.optim import ExpertLoadBalancer, OptimizerSettings, learning_rate
+from ..mtp_layer.v3_target import TrainInputError
 
 CHECKPOINT = "trainer-state.pt"
 BEST_LAYERS = "best-layers.pt"

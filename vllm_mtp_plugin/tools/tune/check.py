@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..bench.analysis import median
+from ..stats import median
 from ..provenance import local_path
 from .plot import measured_against_pick
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("tune check: no concurrency was measured both by tune and by an offline "
                          "sweep of the plugin on the same checkpoint, prompts as one set, tune's "
                          "temperature (with k = 0 and tune's k): nothing to compare")
-    from ..bench.report import machine_line
+    from ..provenance import machine_line
 
     machine = machine_line(tune["machine"]) if tune.get("machine") else ""
     args.out.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from . import model as tune_model
+from ..throughput import prediction
+from ..throughput.measure import TuneRun, measure
 from . import plot as tune_plot
-from .measure import TuneRun, measure
 
 REFUSED = ("speculative_config", "max_num_seqs", "model")
 
@@ -72,7 +72,7 @@ def resolve_model(checkpoint_arg: str, log=print) -> str:
     path = Path(checkpoint_arg).expanduser()
     if path.is_dir():
         return str(path)
-    from ..bench.checkpoints import resolve
+    from ..tiny.presets import resolve
 
     try:
         return str(resolve(checkpoint_arg, log=log).path)
@@ -88,17 +88,17 @@ def method_points(points: list[dict], method: str) -> list[dict]:
 
 def method_choice(run: TuneRun, points: list[dict], counters: dict) -> dict:
     """One draft method's acceptance, expected tokens/s and best k per concurrency."""
-    taus = tune_model.acceptance_lengths(counters, run.max_k)
-    expected = tune_model.predictions(points, taus, run.max_tokens)
-    best = tune_model.best_k(expected)
+    taus = prediction.acceptance_lengths(counters, run.max_k)
+    expected = prediction.predictions(points, taus, run.max_tokens)
+    best = prediction.best_k(expected)
     return {
         "best_fixed_k": {str(c): k for c, k in best.items()},
         "expected_tok_s": {str(c): {str(k): v for k, v in by_k.items()}
                            for c, by_k in expected.items()},
         "expected_speedup": {str(c): {str(k): v / by_k[0] for k, v in by_k.items()}
                              for c, by_k in expected.items() if by_k.get(0)},
-        "mean_best_speedup": tune_model.mean_best_speedup(expected, best),
-        "mean_best_speculative_speedup": tune_model.mean_best_speedup(expected, best, True),
+        "mean_best_speedup": prediction.mean_best_speedup(expected, best),
+        "mean_best_speculative_speedup": prediction.mean_best_speedup(expected, best, True),
         "acceptance": {"acceptance_lengths": taus,
                        "per_position": [b - a for a, b in zip(taus, taus[1:])],
                        "counters_at_max_k": counters},
@@ -113,7 +113,7 @@ def result(run: TuneRun, measured: dict) -> dict:
                  or {run.draft_sample_methods[0]: measured["acceptance_counters"]})
     choices = {m: method_choice(run, method_points(measured["points"], m), counters)
                for m, counters in by_method.items()}
-    method = tune_model.preferred_draft_method(
+    method = prediction.preferred_draft_method(
         {m: (c["mean_best_speedup"], c["mean_best_speculative_speedup"])
          for m, c in choices.items()})
     chosen = choices[method]
@@ -121,8 +121,8 @@ def result(run: TuneRun, measured: dict) -> dict:
     if not best:
         raise SystemExit("vllm-mtp tune: no concurrency has decode-step timings without "
                          f"speculation; the engine logs say why ({measured.get('logs')})")
-    ranges = tune_model.schedule(best)
-    spec = tune_model.speculative_config(ranges, method)
+    ranges = prediction.schedule(best)
+    spec = prediction.speculative_config(ranges, method)
     return {
         "num_speculative_tokens_per_batch_size": ranges,
         "speculative_config": spec,
@@ -156,7 +156,7 @@ def busy_points(points: list[dict]) -> list[str]:
 def problems(data: dict) -> list[str]:
     """Why tune must not recommend from ``data``: impossible figures (of any draft method
     measured) or a busy machine."""
-    from ..bench.plausibility import tune_problems
+    from ..throughput.plausibility import tune_problems
 
     found = []
     for method, choice in (data.get("draft_methods") or {data["draft_sample_method"]: data}).items():
@@ -219,7 +219,8 @@ def summary_text(data: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(sys.argv[1:] if argv is None else argv)
-    from ..bench.prompts import default_prompts, load_prompts
+    from ..prompt_files import load_prompts
+    from ..tiny.presets import default_prompts
 
     try:
         prompts = load_prompts(args.prompts or default_prompts([args.model]))
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = args.log_dir or args.out.parent / "tune-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    from ..bench.report import machine_line
+    from ..provenance import machine_line
     from ..provenance import environment, portable
 
     machine = environment()

@@ -41,7 +41,7 @@ import inspect
 import os
 import sys
 
-from .framework import NotFound, Patch, logger
+from .framework import NotFound, Patch, cpu_only, logger
 from .import_hooks import after_import
 
 NAME = "mla_verify_as_decode"
@@ -88,12 +88,11 @@ def probe() -> str | None:
     from pathlib import Path
 
     import vllm
-    from vllm.platforms import current_platform
 
     if os.environ.get(SWITCH, "1").strip() == "0":
         return f"switched off ({SWITCH}=0)"
-    if not current_platform.is_cpu():
-        return f"not a CPU platform ({type(current_platform).__name__})"
+    if reason := cpu_only():
+        return reason
     relative = CPU_MLA_MODULE.removeprefix("vllm.").replace(".", "/") + ".py"
     if not (Path(vllm.__file__).parent / relative).is_file():
         return NotFound(f"module {CPU_MLA_MODULE} not found")

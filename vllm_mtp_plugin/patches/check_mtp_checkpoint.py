@@ -68,7 +68,7 @@ def _preflight(hf_config) -> None:
                        type(exc).__name__, exc)
 
 
-def _probe_mtp_checkpoint_check() -> str | None:
+def probe() -> str | None:
     """Applicable while ``hf_config_override`` is a static function taking the hf_config first;
     needed everywhere (vLLM checks neither the MTP tensors before loading nor ``n_predict = 0``)."""
     current = _current_hf_config_override()
@@ -113,5 +113,5 @@ def check_mtp_checkpoint() -> None:
     _speculative_config().hf_config_override = staticmethod(hf_config_override)
 
 
-PATCH = Patch("check_mtp_checkpoint", _probe_mtp_checkpoint_check,
+PATCH = Patch("check_mtp_checkpoint", probe,
               check_mtp_checkpoint, CHECKPOINT_UNPATCHED)

@@ -19,7 +19,7 @@ def apply_top_k_only(logits, k, *args, **kwargs):
     return _vllm_apply_top_k_only(logits, k, *args, **kwargs)
 
 
-def _probe_top_k_on_empty_batch() -> str | None:
+def probe() -> str | None:
     """Needed where top-k runs through vLLM's PyTorch path (no Triton) and fails on zero rows."""
     import torch
     from vllm.triton_utils import HAS_TRITON
@@ -62,5 +62,5 @@ def top_k_on_empty_batch() -> None:
                       "_vllm_apply_top_k_only")
 
 
-PATCH = Patch("top_k_on_empty_batch", _probe_top_k_on_empty_batch,
+PATCH = Patch("top_k_on_empty_batch", probe,
               top_k_on_empty_batch, TOP_K_UNPATCHED)

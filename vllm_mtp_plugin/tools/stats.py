@@ -17,8 +17,15 @@ normal draw.
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Iterable
 
 Z95 = 1.959964
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
 
 
 def wilson(accepted: float, drafts: float, z: float = Z95) -> tuple[float, float] | None:

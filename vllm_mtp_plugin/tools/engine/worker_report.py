@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .modes import compilation_report
+from .eager_reasons import compilation_report
 
 V1_MODULE = "vllm.v1.worker.gpu_model_runner"
 V2_MODULE = "vllm.v1.worker.gpu.model_runner"
@@ -31,7 +31,7 @@ def model_runner_kind(runner) -> str:
 
 def drafter_model(runner):
     """The draft model object, or None (the serving code's lookup: ``live_worker``)."""
-    from vllm_mtp_plugin.live_worker import runner_drafter
+    from vllm_mtp_plugin.platform import runner_drafter
 
     return runner_drafter(runner)
 
@@ -65,8 +65,8 @@ def record_layer_calls(worker) -> bool:
     if drafter is None:
         raise RuntimeError("no drafter in this worker: run with speculative decoding")
     if not runner.vllm_config.model_config.enforce_eager:
-        raise RuntimeError("recording MTP layer calls needs an eager engine (engine/modes.py: "
-                           "\"layer-calls\")")
+        raise RuntimeError("recording MTP layer calls needs an eager engine "
+                           "(engine/eager_reasons.py: \"layer-calls\")")
     calls = getattr(drafter, CALLS_ATTR, None)
     if calls is None:
         calls = Counter()

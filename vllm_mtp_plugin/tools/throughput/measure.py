@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from ..bench.sweep import DRAFT_SAMPLE_METHODS
+from ..engine.engine_args import DRAFT_SAMPLE_METHODS
 from ..engine.offline import OfflineConfig, run_config
 
 
@@ -101,7 +101,7 @@ def allowed_ks(model: str, max_k: int) -> list[int]:
 
 def point(k: int, c: int, runs: list[dict], draft_sample_method: str | None = None) -> dict:
     """The measurement of (k, c): medians over repeats of step time and outside-runner time."""
-    from ..bench.analysis import median as med
+    from ..stats import median as med
 
     steps = [r["steps"] for r in runs]
     outside = [(r["seconds"] - s["all_steps_s"]) / s["steps"] for r, s in zip(runs, steps)
@@ -130,7 +130,7 @@ def measure(run: TuneRun, log_dir: Path, on_start: Callable[[str], None] = print
     engine, and the engines' compilation. ``reverse`` runs the engines from the largest k down: a
     re-measurement in the other order lets a drift of the machine's speed hit the k's the other
     way round."""
-    from ..bench.analysis import total_counters
+    from ..engine.metrics import total_counters
 
     points, compilation = [], set()
     at_max_k: dict[str, list[dict]] = {m: [] for m in run.draft_sample_methods}

@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint.target import TargetCheckpoint
-from .layers import FrozenTarget, transformers_config, mtp_forward, new_layer, to_module_state
-from .target import TrainInputError
+from .transformers_layer import (FrozenTarget, mtp_forward, new_layer, to_module_state,
+                                 transformers_config)
+from .v3_target import TrainInputError
 
 INITS = ("auto", "checkpoint", "scratch", "last-layer")
 UNROLLS = ("chained", "recursive")

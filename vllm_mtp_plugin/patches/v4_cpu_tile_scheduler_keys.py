@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 
-from .framework import NotFound, Patch, logger
+from .framework import NotFound, Patch, cpu_only, logger
 from .import_hooks import after_import
 
 V4_CPU_MLA_MODULE = "vllm.models.deepseek_v4.cpu.cpu_mla"
@@ -32,14 +32,12 @@ def _in_vllm(module_name: str) -> bool:
     return (Path(vllm.__file__).parent / relative).is_file()
 
 
-def _probe_v4_cpu_tile_scheduler() -> str | None:
+def probe() -> str | None:
     """Needed on CPU platforms whose vLLM runs DeepSeek-V4 (checked without importing its CPU
     attention: that import costs seconds, and most processes never serve V4); whether the bug is
     there is checked when vLLM imports the module (``_complete_v4_tile_scheduler``)."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return f"not a CPU platform ({type(current_platform).__name__})"
+    if reason := cpu_only():
+        return reason
     if _in_vllm(V4_CPU_MLA_MODULE):
         return None
     if not _in_vllm(V4_CPU_BLOCK_MODULE):
@@ -113,5 +111,5 @@ def v4_cpu_tile_scheduler_keys() -> None:
     after_import(V4_CPU_MLA_MODULE, _complete_v4_tile_scheduler)
 
 
-PATCH = Patch("v4_cpu_tile_scheduler_keys", _probe_v4_cpu_tile_scheduler,
+PATCH = Patch("v4_cpu_tile_scheduler_keys", probe,
               v4_cpu_tile_scheduler_keys, V4_UNPATCHED)

@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from importlib import resources
 from pathlib import Path
 
-from ..engine.modes import eager_for
+from ..engine.eager_reasons import eager_for
 from ..engine.offline import IMPLEMENTATIONS
 
 DEFAULT_MODE = "noisy"
@@ -47,7 +48,7 @@ class Checkpoint:
     @property
     def engine(self) -> dict:
         """What the engine must run with: V4 only in bf16, on the V2 harness, with the plugin, and
-        eagerly (``engine/modes.py``: "interpreted-v4")."""
+        eagerly (``engine/eager_reasons.py``: "interpreted-v4")."""
         if self.variant == "v4":
             return {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",),
                     "eager": eager_for("interpreted-v4")}
@@ -61,7 +62,7 @@ def default_cache_dir() -> Path:
 
 def parse_preset(checkpoint_arg: str) -> tuple[str, str, float]:
     """``bench:noisy:0.7`` -> ``("bench", "noisy", 0.7)``; raises on an unknown preset or mode."""
-    from ..tiny import v3, v4
+    from . import v3, v4
 
     parts = checkpoint_arg.split(":")
     preset = parts[0]
@@ -86,7 +87,7 @@ def resolve(checkpoint_arg: str, cache_dir: Path | None = None, seed: int = 0, l
         meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
         return Checkpoint(path.name, path, meta, variant_of(path))
     if checkpoint_arg == TRAINED:
-        from ..tiny.trained import write_checkpoint
+        from .trained import write_checkpoint
 
         out = (cache_dir or default_cache_dir()) / TRAINED
         if not (out / "model.safetensors").exists():
@@ -117,3 +118,11 @@ def variant_of(path: Path) -> str:
     config = path / "config.json"
     model_type = json.loads(config.read_text()).get("model_type") if config.exists() else None
     return "v4" if model_type == "deepseek_v4" else "v3"
+
+
+def default_prompts(checkpoint_args: list[str]) -> str | None:
+    """The trained model's own code/prose/chat prompts when only it is measured; else None (the
+    bundled prompts)."""
+    if checkpoint_args and all(arg == TRAINED for arg in checkpoint_args):
+        return str(resources.files("vllm_mtp_plugin.tools").joinpath("data/trained_prompts.jsonl"))
+    return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .framework import Patch, replace_attribute
+from .framework import Patch, cpu_only, replace_attribute
 
 _vllm_rotary_forward_cpu: Callable | None = None
 
@@ -25,14 +25,14 @@ def rotary_forward_cpu(self, positions, query, key=None):
     return query, key
 
 
-def _probe_rotary_per_head_on_cpu() -> str | None:
+def probe() -> str | None:
     """Needed where vLLM's CPU rotary kernel rotates a ``(T, heads, dim)`` query differently from
     the same query as ``(T, heads * dim)``: checked on a 2-token, 2-head example."""
     import torch
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        return f"not a CPU platform ({type(current_platform).__name__})"
+    if reason := cpu_only():
+        return reason
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
     if RotaryEmbedding.forward_cpu is rotary_forward_cpu:
@@ -80,5 +80,5 @@ def rotary_embedding_per_head_on_cpu() -> None:
                       "_vllm_rotary_forward_cpu")
 
 
-PATCH = Patch("rotary_embedding_per_head_on_cpu", _probe_rotary_per_head_on_cpu,
+PATCH = Patch("rotary_embedding_per_head_on_cpu", probe,
               rotary_embedding_per_head_on_cpu, ROTARY_UNPATCHED)

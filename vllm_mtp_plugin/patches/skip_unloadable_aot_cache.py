@@ -48,7 +48,7 @@ def _skip_unloadable_save() -> None:
                  "(skip_unloadable_aot_cache)")
 
 
-def _probe_unloadable_aot_cache() -> str | None:
+def probe() -> str | None:
     """Needed where vLLM's loader finalizes every artifact with its own backend's method."""
     from vllm.compilation import decorators
     from vllm.config.compilation import CompilationMode
@@ -83,5 +83,5 @@ def skip_unloadable_aot_cache() -> None:
                       "_vllm_try_load_aot")
 
 
-PATCH = Patch("skip_unloadable_aot_cache", _probe_unloadable_aot_cache,
+PATCH = Patch("skip_unloadable_aot_cache", probe,
               skip_unloadable_aot_cache, AOT_UNPATCHED)

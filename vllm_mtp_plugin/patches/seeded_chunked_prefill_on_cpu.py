@@ -7,7 +7,7 @@ import contextlib
 import functools
 import inspect
 
-from .framework import NotFound, Patch, logger
+from .framework import NotFound, Patch, cpu_only, logger
 from .import_hooks import after_import
 
 NAME = "seeded_chunked_prefill_on_cpu"
@@ -23,10 +23,9 @@ def probe() -> str | None:
     """Needed on CPU platforms whose torch keeps no offset in CPU generators; whether vLLM's
     runner rewinds offsets is checked when vLLM imports it (``_install``)."""
     import torch
-    from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        return f"not a CPU platform ({type(current_platform).__name__})"
+    if reason := cpu_only():
+        return reason
     try:
         torch.Generator(device="cpu").get_offset()
     except RuntimeError:

@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .data import assemble, encode_prompts, load_training_prompts, write_shard
+from .mtp_layer.drafter_inputs import assemble, encode_prompts, load_training_prompts
+from .mtp_layer.shard_format import write_shard
 
 MANIFEST = "manifest.json"
 
@@ -61,7 +62,7 @@ def cpu_kv_cache_bytes(config: dict, max_len: int) -> int | None:
     ``VLLM_CPU_KVCACHE_SPACE`` says."""
     import os
 
-    from ...platform import platform_family
+    from ..platform import platform_family
 
     if platform_family() != "cpu" or "VLLM_CPU_KVCACHE_SPACE" in os.environ:
         return None
@@ -71,8 +72,8 @@ def cpu_kv_cache_bytes(config: dict, max_len: int) -> int | None:
 
 
 def cpu_without_bf16() -> bool:
-    from ...platform import platform_family
-    from ..engine.cpu_features import AVX512_BF16, host_cpu_flags
+    from ..platform import platform_family
+    from .cpu_features import AVX512_BF16, host_cpu_flags
 
     return platform_family() == "cpu" and AVX512_BF16 not in host_cpu_flags()
 
@@ -80,7 +81,7 @@ def cpu_without_bf16() -> bool:
 def _engine(model_dir: Path, dtype: str, max_len: int, engine_kwargs: dict):
     from vllm import LLM
 
-    from ..engine.modes import eager_for
+    from .engine.eager_reasons import eager_for
 
     if dtype == "auto" and cpu_without_bf16():
         dtype = "float32"  # bf16 is compute-bound there (docs/platforms.md: "On CPU")
@@ -116,11 +117,12 @@ def _record_prefills(llm, sequences: list[list[int]], raw: Path, outputs: bool =
 def collect(model_dir: str | Path, prompts_path: str | Path, data_dir: str | Path,
             settings: CollectSettings, dtype: str = "auto", serve_dir: str | Path | None = None,
             engine_kwargs: dict | None = None, progress=print) -> dict:
-    """Fill ``data_dir`` with shards (``data.py``); returns the manifest. ``serve_dir`` is the
+    """Fill ``data_dir`` with shards (``mtp_layer/shard_format.py``); returns the manifest.
+    ``serve_dir`` is the
     checkpoint the engine loads (a scaffold with an MTP layer), ``model_dir`` the target."""
     from vllm import SamplingParams, TokensPrompt
 
-    from ..engine.metrics import counters_from_llm_metrics
+    from .engine.metrics import counters_from_llm_metrics
 
     model_dir, data_dir, prompts_path = Path(model_dir), Path(data_dir), Path(prompts_path)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -186,7 +188,7 @@ def collect(model_dir: str | Path, prompts_path: str | Path, data_dir: str | Pat
 
 
 def main(argv: list[str]) -> int:
-    """``python -m vllm_mtp_plugin.tools.train.collect JOB.json``: one collection in a process of
+    """``python -m vllm_mtp_plugin.tools.state_collection JOB.json``: one collection in a process of
     its own (the engine's memory goes with it before training starts)."""
     job = json.loads(Path(argv[0]).read_text())
     collect(job["model_dir"], job["prompts"], job["data_dir"],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .framework import Patch, replace_attribute
+from .framework import Patch, cpu_only, replace_attribute
 
 _vllm_cpu_expand: Callable | None = None
 
@@ -34,7 +34,7 @@ def cpu_expand_kernel(output, input_val, cu_num_tokens, replace_from, replace_to
     output[:total] = torch.repeat_interleave(values, counts).to(output.dtype)
 
 
-def _probe_cpu_expand() -> str | None:
+def probe() -> str | None:
     """Needed where vLLM's CPU fallback for ``expand_kernel`` is registered (no Triton) and still
     leaves a float32 output unwritten; checked by running it on a 3-element example."""
     import torch
@@ -43,8 +43,8 @@ def _probe_cpu_expand() -> str | None:
 
     if HAS_TRITON:
         return "Triton runs vLLM's own expand_kernel here (no CPU fallback is registered)"
-    if not current_platform.is_cpu():
-        return f"not a CPU platform ({type(current_platform).__name__})"
+    if reason := cpu_only():
+        return reason
     from vllm.utils import cpu_triton_utils
 
     current = cpu_triton_utils._expand_kernel_impl
@@ -88,5 +88,5 @@ def expand_kernel_on_cpu() -> None:
                       "_vllm_cpu_expand")
 
 
-PATCH = Patch("expand_kernel_on_cpu", _probe_cpu_expand,
+PATCH = Patch("expand_kernel_on_cpu", probe,
               expand_kernel_on_cpu, EXPAND_UNPATCHED)

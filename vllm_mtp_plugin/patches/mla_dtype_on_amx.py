@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from .framework import NotFound, Patch, logger
+from .framework import NotFound, Patch, cpu_only, logger
 
 NAME = "mla_dtype_on_amx"
 AMX_MLA_MODULE = "vllm.v1.attention.backends.mla.amx_mla"
@@ -28,8 +28,8 @@ def probe() -> str | None:
     """Needed on CPU platforms with AMX tiles whose backend choice prefers ``AMX_MLA``."""
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        return f"not a CPU platform ({type(current_platform).__name__})"
+    if reason := cpu_only():
+        return reason
     if not amx_tiles():
         return "no AMX tiles: vLLM picks CPU_MLA, which takes every dtype"
     platform = type(current_platform)

@@ -1,11 +1,11 @@
 """The checkpoint's MTP layer evaluated outside vLLM, on the hidden states vLLM handed the drafter.
 
-The data come from ``vllm-mtp train``'s collection (``train/collect.py``) with the served layer's
+The data come from ``vllm-mtp train``'s collection (``state_collection.py``) with the served layer's
 output recorded too: per sequence (a prompt and the target's greedy continuation), the hidden
 state and token the drafter received at every position, and what the served layer returned. The
 layer is Hugging Face transformers' DeepSeek-V3 layer loaded from the checkpoint's files, as the
-trainer loads it (``train/model.py``), run on those inputs. Three figures come out of it, over
-the continuation's positions (where a served draft is made):
+trainer loads it (``trainable.py``), run on those inputs. Three figures come out of it, over the
+continuation's positions (where a served draft is made):
 
 * ``agreement``: the layer's top-1 draft equals the target's next-next token (what greedy
   acceptance counts), per draft depth as the runner unrolls the layer, and ``accepted_by_k``:
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..bench.stats import wilson
+from ..stats import wilson
 
 SAMPLED_TEMPERATURE = 1.0
 
@@ -38,9 +38,9 @@ def evaluate(model_dir: Path, data_dir: Path, depth: int, unroll: str,
     """The figures above for the layer(s) of ``model_dir`` on the data in ``data_dir``, ``depth``
     drafts deep. One sequence at a time: a full-size head makes ``[T, 129280]`` logits per depth.
     On an accelerator when there is one (the layer in float32: ~46 GB for DeepSeek-V3's)."""
-    from ..train.data import SequenceStore
-    from ..train.model import MtpTrainModel
-    from ..train.target import open_target
+    from .shard_format import SequenceStore
+    from .trainable import MtpTrainModel
+    from .v3_target import open_target
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     store = SequenceStore(data_dir)

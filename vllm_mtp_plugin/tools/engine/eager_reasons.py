@@ -11,7 +11,7 @@ from __future__ import annotations
 
 EAGER_REASONS = {
     "layer-calls": (
-        "the run counts which MTP layer each draft step called (runner_probe.record_layer_calls), "
+        "the run counts which MTP layer each draft step called (worker_report.record_layer_calls), "
         "wrapping the layers' forwards from Python; a traced graph runs no such wrapper"),
     "interpreted-v4": (
         "a DeepSeek-V4 target under Triton's interpreter (Model Runner V2 harness): compiling the "
@@ -53,7 +53,7 @@ def eager_for(reason: str | None) -> bool:
         return False
     if reason not in EAGER_REASONS:
         raise ValueError(f"unknown reason to run eager {reason!r}; the reasons are "
-                         f"{sorted(EAGER_REASONS)} (vllm_mtp_plugin/tools/engine/modes.py)")
+                         f"{sorted(EAGER_REASONS)} (vllm_mtp_plugin/tools/engine/eager_reasons.py)")
     return True
 
 

@@ -1,0 +1,70 @@
+"""``vllm-mtp build-tiny OUT_DIR``: a tiny DeepSeek-V3 checkpoint written to OUT_DIR, constructed
+(``v3.py``) or the trained one (``trained.py``: the shipped files, or rebuilt from scratch)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import BUILD_TINY_MODES, CONSTRUCTED_MODES
+
+DESCRIPTION = "Write a tiny DeepSeek-V3 checkpoint with MTP layers."
+
+
+def main(argv: list[str]) -> int:
+    from .v3 import PRESETS, build_checkpoint
+
+    parser = argparse.ArgumentParser(prog="vllm-mtp build-tiny", description=DESCRIPTION)
+    parser.add_argument("out_dir")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--mode", default="oracle", choices=BUILD_TINY_MODES,
+                        help=f"{'/'.join(CONSTRUCTED_MODES)}: constructed weights (acceptance set "
+                             "by construction); trained: a small DeepSeek trained on real text, "
+                             "shipped with the package (its acceptance is measured)")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="with --mode trained: train it from scratch into OUT_DIR (time on "
+                             "2 cores: docs/trained-model.md; downloads its corpus with pip) "
+                             "instead of writing the shipped files")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="with --rebuild: training steps (default: the shipped model's)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="with --rebuild: where the corpus archive is kept")
+    parser.add_argument("--acceptance", type=float, default=0.7,
+                        help="first-position acceptance of a noisy checkpoint (0..1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--mtp-layers", type=int, default=None,
+                        help="num_nextn_predict_layers (default: the preset's)")
+    args = parser.parse_args(argv)
+    if args.mode == "trained":
+        return build_trained(args)
+    overrides = {} if args.mtp_layers is None else {"num_nextn_predict_layers": args.mtp_layers}
+    out = build_checkpoint(args.out_dir, args.preset, args.mode, args.seed, args.acceptance,
+                           args.dtype, **overrides)
+    print(out)
+    return 0
+
+
+def build_trained(args) -> int:
+    from . import trained
+    from .pretrain import PretrainSettings
+
+    if args.rebuild:
+        settings = PretrainSettings() if args.steps is None else PretrainSettings(steps=args.steps)
+        cache = Path(args.cache_dir) if args.cache_dir else Path(args.out_dir) / ".corpus"
+        record = trained.rebuild(Path(args.out_dir), cache, settings)
+        for kind, row in record["metrics"].items():
+            print(f"{kind}: held-out perplexity {row['perplexity']:.1f} (unigram "
+                  f"{row['unigram_perplexity']:.1f}), MTP top-1 accuracy "
+                  f"{row['mtp_top1_accuracy']:.3f}")
+        if settings == PretrainSettings():
+            tol = trained.REPRODUCTION_TOLERANCE
+            for line, ok in trained.reproduction_report(record):
+                print(f"{'reproduces' if ok else 'DIFFERS FROM'} the shipped model: {line} "
+                      f"(tolerance {tol['perplexity']:.0%} perplexity, "
+                      f"{tol['mtp_top1_accuracy']} top-1)")
+        print(Path(args.out_dir))
+        return 0
+    mtp_layers = 1 if args.mtp_layers is None else args.mtp_layers
+    print(trained.write_checkpoint(Path(args.out_dir), mtp_layers))
+    return 0
