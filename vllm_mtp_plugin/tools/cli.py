@@ -17,6 +17,7 @@
 ``vllm-mtp tune MODEL``  the num_speculative_tokens per batch size that serves fastest here.
 ``vllm-mtp doctor [MODEL]``  check the plugin on this machine; with MODEL: why its acceptance is
                          what it is (healthy, serving-mismatch, layer-mismatch, not-mtp).
+``vllm-mtp --version``   this package's version and the installed vLLM's.
 """
 
 from __future__ import annotations

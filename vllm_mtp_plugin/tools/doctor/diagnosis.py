@@ -7,7 +7,7 @@
    counters.
 3. The reference: ``vllm-mtp train``'s collection records what the drafter receives (and what the
    served layer returns) on the same prompts; the layer from the files is evaluated on it outside
-   vLLM (``reference.py``).
+   vLLM (``mtp_layer/evaluation.py``).
 4. The verdict from the two (``verdict.py``), and advice on k and temperature from the reference.
 5. Advice on batch size: k = 1 against no speculation at a few batch sizes (``batch.py``).
 """

@@ -2,9 +2,9 @@
 
 Two figures count the same thing on the same text (the target's greedy continuation of the same
 prompts): the served acceptance at k = 1 (vLLM's counters) and the layer's own top-1 agreement
-computed outside vLLM from the checkpoint's files (``reference.py``). A healthy setup gives the
-two within noise of each other; served acceptance far below the layer's own agreement is a
-serving problem; a layer that does not agree with its target even on its own is the layer's.
+computed outside vLLM from the checkpoint's files (``mtp_layer/evaluation.py``). A healthy setup
+gives the two within noise of each other; served acceptance far below the layer's own agreement is
+a serving problem; a layer that does not agree with its target even on its own is the layer's.
 
 * ``not-mtp``: no DeepSeek MTP layer where one belongs (none, or another drafter format);
 * ``refused``: the start-up check refuses the layer (its message says what to fix);

@@ -4,7 +4,8 @@ Three stages, each resumable from the work directory (``--work-dir``, default
 ``default_work_dir(DIR)``, outside DIR's directory):
 
 1. collect: the target continues the prompts through vLLM and the drafter's inputs are recorded
-   (``collect.py``; a separate process, whose engine memory is gone before training);
+   (``tools/state_collection.py``; a separate process, whose engine memory is gone before
+   training);
 2. train: the MTP layer(s) on those sequences, the target's embedding and head frozen
    (``trainer.py``; ``--nproc N`` runs N ranks through torchrun);
 3. export: TARGET's files linked, the trained layer(s) in a shard of their own, checked by the
