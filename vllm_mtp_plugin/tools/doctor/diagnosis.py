@@ -195,7 +195,7 @@ def diagnose(model: Path, settings: DiagnosisSettings, work: Path, progress=prin
                         seconds=time.monotonic() - started))
     reference, eager, reason = None, None, reference_unavailable(model)
     if not reason:
-        from .reference import evaluate
+        from ..mtp_layer.evaluation import evaluate
 
         progress("reference: recording the drafter's inputs, then the layer from the files")
         started = time.monotonic()

@@ -128,7 +128,7 @@ def advice(reference: dict | None, probe: dict | None) -> list[str]:
     """k and temperature, from what the reference measured."""
     if reference is None:
         return []
-    from .reference import expected_tokens_per_step
+    from ..mtp_layer.evaluation import expected_tokens_per_step
 
     tokens = expected_tokens_per_step(reference["accepted_by_k"])
     lines = ["k: tokens per step with k drafts, measured on your prompts: " + ", ".join(
