@@ -603,7 +603,7 @@ def test_a_rounds_shards_stay_readable_when_the_bound_removes_them(tmp_path):
     from vllm_mtp_plugin.tools.live.adapt import _link_shards
 
     shards = tmp_path / "shards"
-    recording_dir.mkdir()
+    shards.mkdir()
     kept, gone = shards / "shard-1.safetensors", shards / "shard-2.safetensors"
     kept.write_bytes(b"data")
     into = _link_shards([kept, gone], tmp_path / "round" / "data")
@@ -619,7 +619,7 @@ def test_a_rounds_heldout_set_is_the_first_shards_after_its_snapshot(tmp_path):
     from vllm_mtp_plugin.tools.live.options import AdaptSettings
 
     shards = tmp_path / "shards"
-    recording_dir.mkdir()
+    shards.mkdir()
     for i in range(6):
         write_shard(shards / f"shard-{i}.safetensors", [[1, 2, 3, 4, 5]], [6],
                     [torch.zeros(5, 4)], [2], {})
