@@ -173,7 +173,8 @@ LAYERS = (
     ("shared tools", lambda m: m.startswith(("vllm_mtp_plugin.tools.engine",
                                              "vllm_mtp_plugin.tools.checkpoint",
                                              "vllm_mtp_plugin.tools.provenance",
-                                             "vllm_mtp_plugin.tools.prompt_files"))
+                                             "vllm_mtp_plugin.tools.prompt_files",
+                                             "vllm_mtp_plugin.tools.cli_help"))
      or m == "vllm_mtp_plugin.tools"),
     ("commands", lambda m: True),
 )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ...weights.layers import LAYER_DESCRIPTIONS, Layout
 from ...weights.preflight import tensor_problems
+from ..cli_help import HelpFormatter, examples
 from .target import TargetCheckpoint, TargetCheckpointError
 
 BYTES_PER_ELEMENT = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2,
@@ -118,8 +119,15 @@ def format_report(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="vllm-mtp inspect", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model_dir")
+    parser = argparse.ArgumentParser(
+        prog="vllm-mtp inspect", description=__doc__.split("\n\n")[0],
+        formatter_class=HelpFormatter,
+        epilog="Exit status 1 when the checkpoint has a problem start-up would refuse it for.\n\n"
+        + examples("vllm-mtp inspect /models/DeepSeek-R1",
+                   "vllm-mtp inspect /models/DeepSeek-R1-quantized --json > report.json"))
+    parser.add_argument("model_dir", metavar="DIR",
+                        help="a checkpoint directory (config.json and safetensors files); only "
+                             "their headers are read")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     report = inspect_checkpoint(args.model_dir)
