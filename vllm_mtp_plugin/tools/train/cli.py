@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("target", help="DeepSeek-V3-layout checkpoint directory (with or without MTP "
                                   "layers; unquantized or block-FP8)")
     p.add_argument("--out", metavar="DIR",
-                   help="new (or empty) directory for the servable result; required but with "
+                   help="new (or empty) directory for the servable result; required except with "
                         "--memory-plan")
     p.add_argument("--memory-plan", action="store_true",
                    help="print the per-GPU memory plan of training TARGET's MTP layer on --nproc "
