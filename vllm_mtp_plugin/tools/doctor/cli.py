@@ -15,18 +15,28 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..cli_help import HelpFormatter, examples
 from .checks import as_dicts, format_table, write_report
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="vllm-mtp doctor", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="vllm-mtp doctor", description=__doc__.split("\n\n")[0], allow_abbrev=False,
+        formatter_class=HelpFormatter,
+        epilog="Arguments after MODEL that doctor does not know are vLLM engine arguments, given "
+               "to every engine it starts. Exit status 0 when every check passes (with MODEL: "
+               "verdict healthy), 1 otherwise.\n\n"
+        + examples(
+            "vllm-mtp doctor --json doctor.json            # does the plugin work on this machine?",
+            "vllm-mtp doctor /path/to/checkpoint --prompts my_traffic.jsonl \\",
+            "    --tensor-parallel-size 8 --json model.json  # why is its acceptance what it is?"))
     p.add_argument("model", nargs="?", help="a DeepSeek checkpoint directory (omit: check the "
                                             "plugin on this machine); vLLM engine arguments "
                                             "may follow")
-    p.add_argument("--json", type=Path, help="write the report (every check, its figures, the "
-                                             "platform) to this file")
-    p.add_argument("--prompts", type=Path,
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="also write the report (every check, its figures, the platform) to FILE "
+                        "as JSON")
+    p.add_argument("--prompts", type=Path, metavar="FILE",
                    help="with MODEL: prompts like your traffic (plain lines, JSONL with prompt "
                         "or messages, ShareGPT; default: the bundled ones)")
     p.add_argument("--max-tokens", type=int, default=64, help="with MODEL: tokens per prompt")
@@ -34,10 +44,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="with MODEL: batch sizes at which k = 1 is timed against no speculation "
                         "(two more engines) for the advice on batch size, comma-separated; "
                         "'none' skips it (default: 1,8,32)")
-    p.add_argument("--tensor-parallel", type=int, default=None,
+    p.add_argument("--tensor-parallel", type=int, default=None, metavar="N",
                    help="without MODEL: also check TP = N (default: 2 where two devices exist; "
                         "on a CPU, vLLM runs a rank per process: --tensor-parallel 2 checks it)")
-    p.add_argument("--work-dir", type=Path, help="checkpoints, engine logs and recorded data "
+    p.add_argument("--work-dir", type=Path, metavar="DIR", help="checkpoints, engine logs and recorded data "
                                                  "(default: a temporary directory, removed)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine")
     return p.parse_known_args(argv)

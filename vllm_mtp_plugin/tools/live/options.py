@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+from ..cli_help import HelpFormatter, examples
+
 WORKER_EXTENSION = "vllm_mtp_plugin.live_worker.LiveWorkerExtension"
 
 
@@ -82,61 +84,69 @@ class RecordSettings:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="vllm-mtp serve", add_help=False, allow_abbrev=False,
+        prog="vllm-mtp serve", add_help=False, allow_abbrev=False, formatter_class=HelpFormatter,
         usage="vllm-mtp serve MODEL [vllm serve options] [--record DIR ...]",
-        description="vllm serve, plus (docs/live-traffic.md):")
+        description="vllm serve (every argument passed through; vllm serve's own options follow "
+                    "below), plus these (docs/live-traffic.md):",
+        epilog=examples(
+            "vllm-mtp serve /models/DeepSeek-R1 --tensor-parallel-size 8 \\",
+            "    --speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'",
+            "vllm-mtp serve MODEL --speculative-config ... --record /srv/shards "
+            "--record-fraction 0.05",
+            f"{RELOAD_KEY_ENV}=KEY vllm-mtp serve MODEL --speculative-config ... "
+            "--enable-layer-reload /srv/layers",
+            "vllm-mtp serve MODEL --speculative-config ... --adapt /srv/adapt --reload-api-key KEY"))
     p.add_argument("--record", metavar="DIR",
                    help="write what the MTP drafter receives for a sample of finished requests "
                         "as training shards in DIR (vllm-mtp train TARGET --data DIR); the "
                         "shards hold users' traffic and are readable by their owner only")
     p.add_argument("--record-fraction", metavar="F", type=float,
                    default=RecordSettings.fraction,
-                   help="share of finished requests recorded (default %(default)s)")
+                   help="share of finished requests recorded")
     p.add_argument("--record-max-gb", metavar="G", type=float,
                    default=RecordSettings.max_bytes / 2**30,
-                   help="bound of DIR in GB: the oldest shards go first (default %(default)s)")
+                   help="bound of DIR in GB: the oldest shards go first")
     p.add_argument("--record-max-age", metavar="HOURS", type=float, default=None,
                    help="remove shards older than HOURS (default: kept until --record-max-gb "
                         "needs their room)")
     p.add_argument("--record-window-tokens", metavar="N", type=int,
                    default=RecordSettings.window_tokens,
                    help="tokens re-prefilled and written per recording window at most (a "
-                        "longer request is cut there; default %(default)s)")
+                        "longer request is cut there)")
     p.add_argument("--record-min-free-gb", metavar="G", type=float,
                    default=RecordSettings.min_free_bytes / 2**30,
-                   help="recording pauses while the disk would keep less free than G GB "
-                        "(default %(default)s)")
+                   help="recording pauses while the disk would keep less free than G GB")
     p.add_argument("--record-seed", metavar="N", type=int, default=None,
-                   help="seed of the sampling of requests (a repeatable sample)")
+                   help="seed of the sampling of requests, for a repeatable sample (default: "
+                        "a new sample each start)")
     p.add_argument("--adapt", metavar="DIR",
                    help="record (DIR/shards), train a new layer every --adapt-every-tokens "
                         "recorded tokens, swap it in when it beats the serving one on held-out "
                         "traffic, roll back if served acceptance drops (DIR/layers)")
     p.add_argument("--adapt-every-tokens", metavar="N", type=int, default=200_000,
-                   help="recorded tokens between training rounds (default %(default)s)")
+                   help="recorded tokens between training rounds")
     p.add_argument("--adapt-steps", metavar="S", type=int, default=200,
-                   help="optimizer steps per round (default %(default)s)")
+                   help="optimizer steps per round")
     p.add_argument("--adapt-threads", metavar="T", type=int, default=1,
                    help="CPU threads of the training and evaluation processes, which also run "
-                        "at a lower priority than serving (default %(default)s)")
+                        "at a lower priority than serving")
     p.add_argument("--adapt-window-drafts", metavar="W", type=int, default=2000,
                    help="draft tokens a new layer serves before its acceptance is compared "
-                        "with its predecessor's (roll back if lower; default %(default)s)")
+                        "with its predecessor's (roll back if lower)")
     p.add_argument("--adapt-heldout-tokens", metavar="N", type=int, default=2000,
                    help="tokens recorded after a round's data before its candidate is evaluated "
-                        "on them (default %(default)s)")
+                        "on them")
     p.add_argument("--adapt-timeout-minutes", metavar="M", type=float,
                    default=AdaptSettings.timeout_s / 60,
                    help="stop a round's training or evaluation process after M minutes and drop "
-                        "the round (default %(default)g)")
+                        "the round")
     p.add_argument("--adapt-keep-rounds", metavar="N", type=int, default=AdaptSettings.keep_rounds,
                    help="candidate layers and round work directories kept besides the serving "
-                        "layer and its rollback target; older ones are removed (default "
-                        "%(default)s)")
-    p.add_argument("--enable-layer-reload", metavar="DIR",
-                   help="accept POST /mtp/reload (vllm-mtp reload URL OUT): replace the "
-                        "drafter's MTP layer(s) with those of a checkpoint below DIR, without a "
-                        "restart; needs --reload-api-key")
+                        "layer and its rollback target; older ones are removed")
+    p.add_argument("--enable-layer-reload", metavar="LAYERS",
+                   help="accept POST /mtp/reload (vllm-mtp reload URL CHECKPOINT): replace the "
+                        "drafter's MTP layer(s) with those of a checkpoint below the directory "
+                        "LAYERS, without a restart; needs --reload-api-key")
     p.add_argument("--reload-api-key", metavar="KEY", default=None,
                    help="the key of the admin routes /mtp/reload, /mtp/layer and /mtp/adapt "
                         "(sent as Authorization: Bearer KEY), apart from vLLM's --api-key, so "
@@ -147,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reload-min-interval", metavar="S", type=float,
                    default=ReloadSettings.min_interval_s,
                    help="seconds between two reloads asked over HTTP; sooner ones get 429 with "
-                        "Retry-After (default %(default)s)")
+                        "Retry-After")
     return p
 
 

@@ -1,8 +1,8 @@
-"""``vllm-mtp reload URL CHECKPOINT``: make a running ``vllm-mtp serve --enable-layer-reload DIR``
-draft with CHECKPOINT's MTP layer(s), without a restart.
+"""``vllm-mtp reload URL CHECKPOINT``: make a running ``vllm-mtp serve --enable-layer-reload
+LAYERS`` draft with CHECKPOINT's MTP layer(s), without a restart.
 
-The server reads CHECKPOINT from its own disk (below DIR): give a path both machines see (shared
-storage), or one relative to DIR. Pass the server's reload key (its ``--reload-api-key``, not the
+The server reads CHECKPOINT from its own disk (below LAYERS): give a path both machines see
+(shared storage), or one relative to LAYERS. Pass the server's reload key (its ``--reload-api-key``, not the
 inference clients' ``--api-key``): ``--reload-api-key``, or ``VLLM_MTP_RELOAD_API_KEY`` in the
 environment.
 """
@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..cli_help import HelpFormatter, examples
 from .endpoints import RELOAD_ROUTE
 from .options import RELOAD_KEY_ENV
 
@@ -59,16 +60,20 @@ def request_reload(url: str, checkpoint: str, api_key: str | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="vllm-mtp reload", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="vllm-mtp reload", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter,
+        epilog=examples(
+            f"{RELOAD_KEY_ENV}=KEY vllm-mtp reload http://127.0.0.1:8000 /srv/layers/retrained",
+            "vllm-mtp reload http://127.0.0.1:8000 retrained --reload-api-key KEY  # below LAYERS"))
     p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000 (or its /v1 base URL)")
     p.add_argument("checkpoint", help="checkpoint directory with the new MTP layer(s), e.g. "
                                       "what vllm-mtp train --out wrote")
     p.add_argument("--reload-api-key", dest="api_key", metavar="KEY",
                    default=os.environ.get(RELOAD_KEY_ENV),
                    help="the server's reload key (vllm-mtp serve --reload-api-key; default: "
-                        f"${RELOAD_KEY_ENV})")
+                        f"${RELOAD_KEY_ENV}; none: the server must allow unauthenticated reloads)")
     p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds to wait for the server's answer (default %(default)s)")
+                   help="seconds to wait for the server's answer")
     args = p.parse_args(argv)
     try:
         status, answer = request_reload(args.url, args.checkpoint, args.api_key, args.timeout)

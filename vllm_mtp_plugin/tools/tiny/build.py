@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..cli_help import HelpFormatter, examples
 from . import BUILD_TINY_MODES, CONSTRUCTED_MODES
 
 DESCRIPTION = "Write a tiny DeepSeek-V3 checkpoint with MTP layers."
@@ -14,9 +15,16 @@ DESCRIPTION = "Write a tiny DeepSeek-V3 checkpoint with MTP layers."
 def main(argv: list[str]) -> int:
     from .v3 import PRESETS, build_checkpoint
 
-    parser = argparse.ArgumentParser(prog="vllm-mtp build-tiny", description=DESCRIPTION)
-    parser.add_argument("out_dir")
-    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser = argparse.ArgumentParser(
+        prog="vllm-mtp build-tiny", description=DESCRIPTION, formatter_class=HelpFormatter,
+        epilog=examples(
+            "vllm-mtp build-tiny tiny-trained --mode trained           # the shipped trained model",
+            "vllm-mtp build-tiny no-mtp --mode trained --mtp-layers 0  # the same, without its MTP layer",
+            "vllm-mtp build-tiny noisy --preset small --mode noisy --acceptance 0.8",
+            "vllm-mtp build-tiny rebuilt --mode trained --rebuild     # train it from scratch"))
+    parser.add_argument("out_dir", metavar="OUT_DIR", help="directory to write the checkpoint to")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
+                        help="size of a constructed checkpoint, smallest first: tiny, small, bench, large")
     parser.add_argument("--mode", default="oracle", choices=BUILD_TINY_MODES,
                         help=f"{'/'.join(CONSTRUCTED_MODES)}: constructed weights (acceptance set "
                              "by construction); trained: a small DeepSeek trained on real text, "
@@ -28,13 +36,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=None,
                         help="with --rebuild: training steps (default: the shipped model's)")
     parser.add_argument("--cache-dir", default=None,
-                        help="with --rebuild: where the corpus archive is kept")
+                        help="with --rebuild: where the corpus archive is kept (default: "
+                             "OUT_DIR/.corpus)")
     parser.add_argument("--acceptance", type=float, default=0.7,
-                        help="first-position acceptance of a noisy checkpoint (0..1)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+                        help="with --mode noisy: the share of first-position drafts the "
+                             "drafter gets right (0..1)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of a constructed checkpoint's random weights")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="dtype of a constructed checkpoint's weights")
     parser.add_argument("--mtp-layers", type=int, default=None,
-                        help="num_nextn_predict_layers (default: the preset's)")
+                        help="num_nextn_predict_layers: MTP layers written (default: the "
+                             "preset's; with --mode trained 1, its one trained layer, or 0)")
     args = parser.parse_args(argv)
     if args.mode == "trained":
         return build_trained(args)

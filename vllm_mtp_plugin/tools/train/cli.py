@@ -29,6 +29,7 @@ from ..checkpoint.target import TargetCheckpoint, TargetCheckpointError
 from ..state_collection import CollectSettings
 from ..mtp_layer.trainable import INITS, PARAMETER_GROUPS, UNROLLS
 from ..mtp_layer.v3_target import TrainInputError, open_target
+from ..cli_help import HelpFormatter, examples
 from .trainer import TrainSettings
 
 DEFAULT_PROMPTS = "data/train_prompts.jsonl"
@@ -51,10 +52,17 @@ def default_work_dir(out: Path) -> Path:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vllm-mtp train", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter, epilog=examples(
+            "vllm-mtp train /models/my-finetune --out /models/my-finetune-mtp   # refresh its layer",
+            "vllm-mtp train /models/my-finetune --data recorded/ --out /models/my-finetune-mtp",
+            "vllm-mtp train /models/DeepSeek-V3 --memory-plan --nproc 8 --sharding fsdp",
+            "vllm-mtp train /models/DeepSeek-V3 --out /models/DeepSeek-V3-mtp --nproc 8 "
+            "--sharding fsdp  # through torchrun"))
     p.add_argument("target", help="DeepSeek-V3-layout checkpoint directory (with or without MTP "
                                   "layers; unquantized or block-FP8)")
-    p.add_argument("--out", help="new directory for the servable result")
+    p.add_argument("--out", metavar="DIR",
+                   help="new (or empty) directory for the servable result; required except with "
+                        "--memory-plan")
     p.add_argument("--memory-plan", action="store_true",
                    help="print the per-GPU memory plan of training TARGET's MTP layer on --nproc "
                         "GPUs with --sharding and --train-only (counted on the meta device), "
@@ -64,7 +72,7 @@ def parser() -> argparse.ArgumentParser:
                                       "$XDG_CACHE_HOME/vllm-mtp/train/... or ~/.cache/...: never "
                                       "beside OUT, which may lie in a server's reload "
                                       "directory); a re-run with the same options resumes there")
-    p.add_argument("--prompts", help="prompt file: plain text lines, JSONL with 'prompt' or "
+    p.add_argument("--prompts", metavar="FILE", help="prompt file: plain text lines, JSONL with 'prompt' or "
                                      "'messages', or ShareGPT JSON (default: a bundled set of "
                                      "short code and prose openings)")
     p.add_argument("--data", metavar="DIR",
@@ -90,18 +98,21 @@ def parser() -> argparse.ArgumentParser:
                    help="depth s weighs STEP_WEIGHT**s")
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps (default: --epochs passes over the collected sequences)")
-    p.add_argument("--epochs", type=float, default=TrainSettings.epochs)
+    p.add_argument("--epochs", type=float, default=TrainSettings.epochs,
+                   help="passes over the collected sequences, when --steps is not given")
     p.add_argument("--batch-size", type=int, default=TrainSettings.batch_size,
                    help="sequences per step, all ranks together")
-    p.add_argument("--lr", type=float, default=TrainSettings.learning_rate)
+    p.add_argument("--lr", type=float, default=TrainSettings.learning_rate,
+                   help="peak learning rate of AdamW (linear warm-up, cosine decay to a tenth)")
     p.add_argument("--train-only", default=None,
                    help=f"comma-separated groups to train, the rest frozen (e.g. routed experts "
                         f"frozen: eh_proj,norms,attention,router,shared_expert); groups: "
-                        f"{', '.join(PARAMETER_GROUPS)}")
+                        f"{', '.join(PARAMETER_GROUPS)} (default: all of them)")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature of the target's continuations (1: its own "
                         "distribution, self-distillation; 0: greedy)")
-    p.add_argument("--max-new-tokens", type=int, default=CollectSettings.max_new_tokens)
+    p.add_argument("--max-new-tokens", type=int, default=CollectSettings.max_new_tokens,
+                   help="tokens the target generates per continuation")
     p.add_argument("--samples-per-prompt", type=int, default=16,
                    help="continuations sampled per prompt (at --temperature > 0 they differ)")
     p.add_argument("--max-len", type=int, default=CollectSettings.max_len,
@@ -115,7 +126,8 @@ def parser() -> argparse.ArgumentParser:
                    help="dtype of the collecting engine (vLLM's --dtype)")
     p.add_argument("--copy", action="store_true",
                    help="copy TARGET's files into OUT instead of linking them")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of sampling, initialisation and data order")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..stats import median
 from ..provenance import local_path
+from ..cli_help import HelpFormatter, examples
 from .plot import measured_against_pick
 
 
@@ -111,11 +112,15 @@ def text(verdicts: list[dict], machine: str = "") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vllm_mtp_plugin.tools.tune.check",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m vllm_mtp_plugin.tools.tune.check", description=__doc__.split("\n\n")[0],
+        formatter_class=HelpFormatter, epilog=examples(
+            "python -m vllm_mtp_plugin.tools.tune.check tune.json sweep-c1/results.json "
+            "sweep-c4/results.json --out check/"))
     p.add_argument("tune", type=Path, help="tune.json of vllm-mtp tune")
     p.add_argument("results", type=Path, nargs="+", help="results.json of vllm-mtp bench offline")
-    p.add_argument("--out", type=Path, required=True, help="directory for check.md/json/png")
+    p.add_argument("--out", type=Path, required=True,
+                   help="directory for check.md, check.json and tune_vs_fixed.png")
     args = p.parse_args(argv)
     tune = json.loads(args.tune.read_text())
     try:

@@ -17,16 +17,26 @@ from pathlib import Path
 
 from ..throughput import prediction
 from ..throughput.measure import TuneRun, measure
+from ..cli_help import HelpFormatter, examples
 from . import plot as tune_plot
 
 REFUSED = ("speculative_config", "max_num_seqs", "model")
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="vllm-mtp tune", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="vllm-mtp tune", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter,
+        epilog="Arguments it does not know are vLLM engine arguments (--dtype, "
+               "--tensor-parallel-size, --max-model-len, ...), given to every engine it starts.\n\n"
+        + examples(
+            "vllm-mtp tune /models/DeepSeek-R1 --prompts my_traffic.jsonl --concurrency 1 4 16 \\",
+            "    --temperature 0.6 --tensor-parallel-size 8 --max-model-len 8192",
+            "vllm-mtp tune trained --concurrency 1 4 --max-k 2   # the trained tiny DeepSeek, on a CPU",
+            "python -m vllm_mtp_plugin.tools.tune.check tune.json sweep-c*/results.json --out check/",
+            "                                                    # the pick against bench sweeps"))
     p.add_argument("model", help="a DeepSeek checkpoint with MTP layers (or a bench preset name, "
                                  "e.g. bench:noisy:0.8, or 'trained')")
-    p.add_argument("--prompts", help="plain text (a prompt per line), JSONL of {\"prompt\": ...} "
+    p.add_argument("--prompts", metavar="FILE", help="plain text (a prompt per line), JSONL of {\"prompt\": ...} "
                                      "or ShareGPT (default: the "
                                      "bundled prompts; for 'trained', its code/prose/chat "
                                      "prompts, all as completions); what your traffic looks like")
@@ -41,10 +51,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         "--temperature > 0 (recommending the one that pays), else greedy (at "
                         "temperature 0 they draft alike)")
     p.add_argument("--repeats", type=int, default=1, help="measured passes per (k, concurrency)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("tune.json"))
-    p.add_argument("--log-dir", type=Path, help="engine logs (default: next to --out)")
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="seed of sampled requests")
+    p.add_argument("--out", type=Path, default=Path("tune.json"), metavar="FILE",
+                   help="the result: the schedule under vLLM's key and every measurement")
+    p.add_argument("--log-dir", type=Path,
+                   help="engine logs (default: tune-logs/ in the directory of --out)")
+    p.add_argument("--no-plot", action="store_true", help="draw no plot (it goes to --out with the suffix .png)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine")
     p.add_argument("--remeasure", type=int, default=1,
                    help="measure again (engines in the other order) this many times when the "
