@@ -6,6 +6,7 @@ model's own forward (transformers), so these tests need no vLLM engine; ``test_t
 checks that format against the served drafter.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -26,7 +27,8 @@ from vllm_mtp_plugin.tools.train.export import LAYER_SHARD, export
 from vllm_mtp_plugin.tools.train.layers import to_checkpoint_tensors, to_module_state
 from vllm_mtp_plugin.tools.train.memory import memory_plan
 from vllm_mtp_plugin.tools.train.model import MtpTrainModel
-from vllm_mtp_plugin.tools.train.run import LAYERS_FILE, run_training, trained_layers
+from vllm_mtp_plugin.tools.train.jobs import write_job
+from vllm_mtp_plugin.tools.train.run import LAYERS_FILE, TrainJob, run_training, trained_layers
 from vllm_mtp_plugin.tools.train.trainer import TrainSettings, train
 from vllm_mtp_plugin.weights.preflight import mtp_problems
 
@@ -288,15 +290,15 @@ def test_a_trainer_state_that_would_run_code_is_refused(models, data, tmp_path):
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_world_size_two_matches_one_process(models, data, tmp_path, sharding):
     """torchrun with gloo: DDP, and FSDP2 fully_shard (the full-size path)."""
-    spec = {"target": str(models[1]), "data_dir": str(data),
-            "settings": {**settings().__dict__, "steps": 4, "train_only": None,
-                         "sharding": sharding}}
+    job = TrainJob(target=str(models[1]), data_dir=str(data), work_dir="",
+                   settings=dataclasses.replace(settings(), steps=4, train_only=None,
+                                                sharding=sharding))
     one = tmp_path / "one"
     one.mkdir()
-    run_training({**spec, "work_dir": str(one)}, progress=False)
+    run_training(dataclasses.replace(job, work_dir=str(one)), progress=False)
     two = tmp_path / "two"
     two.mkdir()
-    (two / "spec.json").write_text(json.dumps({**spec, "work_dir": str(two)}))
+    write_job(dataclasses.replace(job, work_dir=str(two)), two / "spec.json")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node=2", "-m", "vllm_mtp_plugin.tools.train.run",

@@ -25,7 +25,8 @@ from importlib import resources
 from pathlib import Path
 
 from ..checkpoint.target import TargetCheckpoint, TargetCheckpointError
-from .collect import CollectSettings
+from .collect import CollectJob, CollectSettings
+from .jobs import write_job
 from .model import INITS, PARAMETER_GROUPS, UNROLLS
 from .target import TrainInputError, open_target
 from .trainer import TrainSettings
@@ -143,10 +144,10 @@ def _collect(args, target: TargetCheckpoint, settings: TrainSettings, work: Path
                                        samples_per_prompt=args.samples_per_prompt,
                                        max_len=args.max_len, seed=args.seed)
     scaffold = _scaffold(target, settings, work)
-    job = {"model_dir": str(target.dir), "prompts": str(prompts), "data_dir": str(work / "data"),
-            "settings": dataclasses.asdict(collect_settings), "dtype": args.dtype,
-            "serve_dir": str(scaffold) if scaffold else None}
-    (work / "collect.json").write_text(json.dumps(job, indent=1))
+    job = CollectJob(model_dir=str(target.dir), prompts=str(prompts),
+                     data_dir=str(work / "data"), settings=collect_settings, dtype=args.dtype,
+                     serve_dir=str(scaffold) if scaffold else None)
+    write_job(job, work / "collect.json")
     print(f"[1/3] collecting the target's continuations and the drafter's inputs through vLLM "
           f"({prompts})", flush=True)
     done = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.tools.train.collect",
@@ -178,20 +179,20 @@ def _recorded(args, target: TargetCheckpoint) -> tuple[int, int]:
 
 
 def _train(args, settings: TrainSettings, work: Path) -> None:
+    from .run import TrainJob, run_training
+
     data = Path(args.data) if args.data else work / "data"
-    job = {"target": str(Path(args.target)), "data_dir": str(data),
-            "work_dir": str(work), "settings": dataclasses.asdict(settings)}
+    job = TrainJob(target=str(Path(args.target)), data_dir=str(data), work_dir=str(work),
+                   settings=settings)
     print(f"[2/3] training {settings.depth if settings.unroll == 'chained' else 1} MTP layer(s) "
           f"(init {settings.init}, depth {settings.depth} {settings.unroll}, loss "
           f"{settings.loss}, "
           f"{f'{settings.steps} steps' if settings.steps else f'{settings.epochs:g} epochs'}, "
           f"{args.nproc} process(es))", flush=True)
     if args.nproc <= 1:
-        from .run import run_training
-
         run_training(job, progress=not args.quiet)
         return
-    (work / "train.json").write_text(json.dumps(job, indent=1))
+    write_job(job, work / "train.json")
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc-per-node={args.nproc}", "-m",
                            "vllm_mtp_plugin.tools.train.run", str(work / "train.json")])

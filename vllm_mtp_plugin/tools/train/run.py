@@ -9,6 +9,7 @@ into the work directory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -39,19 +40,27 @@ def _init_distributed() -> bool:
     return True
 
 
-def run_training(job: dict, progress: bool = True) -> None:
-    """``job``: ``target``, ``data_dir``, ``work_dir``, ``settings`` (TrainSettings fields)."""
+@dataclasses.dataclass
+class TrainJob:
+    """One training run, as ``vllm-mtp train`` hands it to ``torchrun``'s ranks."""
+
+    target: str  # the target's checkpoint directory
+    data_dir: str  # the shards
+    work_dir: str  # trainer state, history, the trained layers
+    settings: TrainSettings
+
+
+def run_training(job: TrainJob, progress: bool = True) -> None:
     distributed = _init_distributed()
     try:
-        settings = TrainSettings(**{**job["settings"], "train_only": tuple(
-            job["settings"]["train_only"]) if job["settings"].get("train_only") else None})
-        work = Path(job["work_dir"])
-        target = open_target(job["target"])
+        settings = job.settings
+        work = Path(job.work_dir)
+        target = open_target(job.target)
         model = MtpTrainModel(target, settings.init, settings.depth, settings.unroll,
                               settings.seed)
         if torch.cuda.is_available():
             model.to(torch.device("cuda", torch.cuda.current_device()))
-        history = train(model, SequenceStore(job["data_dir"]), settings, work, progress)
+        history = train(model, SequenceStore(job.data_dir), settings, work, progress)
         states = full_layer_states(model)
         if not distributed or torch.distributed.get_rank() == 0:
             from safetensors.torch import save_file
@@ -84,4 +93,6 @@ def history(work_dir: Path) -> dict:
 
 
 if __name__ == "__main__":
-    run_training(json.loads(Path(sys.argv[1]).read_text()))
+    from .jobs import read_job
+
+    run_training(read_job(TrainJob, sys.argv[1]))
