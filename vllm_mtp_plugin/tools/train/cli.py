@@ -129,11 +129,10 @@ def _scaffold(target: TargetCheckpoint, settings: TrainSettings, work: Path) -> 
     if (scaffold / "config.json").exists():
         return scaffold
     from .export import export
-    from .layers import to_checkpoint_tensors
     from .model import MtpTrainModel
 
     model = MtpTrainModel(target, settings.init, 1, "recursive", settings.seed)
-    export(target, [to_checkpoint_tensors(model.layers[0].state_dict())], scaffold)
+    export(target, model.checkpoint_tensors(), scaffold)
     return scaffold
 
 

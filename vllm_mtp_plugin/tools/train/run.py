@@ -3,8 +3,8 @@
 ``python -m torch.distributed.run --nproc-per-node N -m vllm_mtp_plugin.tools.train.run JOB``
 starts N ranks (gloo on CPU, NCCL on GPUs); without torchrun's environment the run is one
 process. Rank 0 writes ``trained-layers.safetensors`` (the layers at the step with the best held-out
-loss, checkpoint names below ``model.layers.{L+j}.``, keyed ``{j}.{name}``) and ``history.json``
-into the work directory.
+loss, in the checkpoint's names ``model.layers.{L+j}.*``) and ``history.json`` into the work
+directory.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ import torch
 
 from .target import open_target
 from .data import SequenceStore
-from .layers import to_checkpoint_tensors
 from .model import MtpTrainModel
-from .trainer import (BEST_LAYERS, TrainSettings, full_layer_states, load_state, save_history,
-                      train)
+from .trainer import (BEST_LAYERS, TrainSettings, load_state, save_history, train,
+                      trained_tensors)
 
 LAYERS_FILE = "trained-layers.safetensors"
 HISTORY_FILE = "history.json"
@@ -61,31 +60,25 @@ def run_training(job: TrainJob, progress: bool = True) -> None:
         if torch.cuda.is_available():
             model.to(torch.device("cuda", torch.cuda.current_device()))
         history = train(model, SequenceStore(job.data_dir), settings, work, progress)
-        states = full_layer_states(model)
+        tensors = trained_tensors(model)
         if not distributed or torch.distributed.get_rank() == 0:
             from safetensors.torch import save_file
 
             if (work / BEST_LAYERS).exists():  # the layer with the best held-out loss
-                states = load_state(work / BEST_LAYERS)
-
-            tensors = {f"{j}.{name}": t.contiguous() for j, state in enumerate(states)
-                       for name, t in to_checkpoint_tensors(state).items()}
-            save_file(tensors, str(work / LAYERS_FILE))
+                tensors = load_state(work / BEST_LAYERS)
+            save_file({name: t.contiguous() for name, t in tensors.items()},
+                      str(work / LAYERS_FILE))
             save_history({**history, "init": model.init}, work / HISTORY_FILE)
     finally:
         if distributed:
             torch.distributed.destroy_process_group()
 
 
-def trained_layers(work_dir: Path) -> list[dict[str, torch.Tensor]]:
+def trained_layers(work_dir: Path) -> dict[str, torch.Tensor]:
+    """The trained layers in the checkpoint's names, ``model.layers.{L + j}.*``."""
     from safetensors.torch import load_file
 
-    flat = load_file(str(work_dir / LAYERS_FILE))
-    layers: dict[int, dict] = {}
-    for key, tensor in flat.items():
-        j, name = key.split(".", 1)
-        layers.setdefault(int(j), {})[name] = tensor
-    return [layers[j] for j in sorted(layers)]
+    return load_file(str(work_dir / LAYERS_FILE))
 
 
 def history(work_dir: Path) -> dict:
