@@ -9,6 +9,7 @@ import pytest
 from vllm_mtp_plugin.tools.bench import report
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.tune import plot as tune_plot
+from vllm_mtp_plugin.tools.tune.results import Acceptance, MethodChoice, TuneResult
 
 LEFT_OUT = "not drawn: matplotlib is not installed (pip install matplotlib draws it next time)"
 
@@ -30,8 +31,11 @@ def test_each_picture_is_left_out_with_one_line(no_matplotlib, tmp_path, capsys)
 
 def test_with_matplotlib_the_picture_is_drawn(tmp_path):
     pytest.importorskip("matplotlib")
-    data = {"expected_tok_s": {"1": {"0": 10.0, "1": 12.0}}, "ks_measured": [0, 1],
-            "measurements": [{"concurrency": 1, "k": 0, "measured_tok_s": 10.0},
-                             {"concurrency": 1, "k": 1, "measured_tok_s": 12.5}],
-            "best_fixed_k": {"1": 1}, "settings": {"max_k": 1}}
+    choice = MethodChoice(best_fixed_k={1: 1}, expected_tok_s={1: {0: 10.0, 1: 12.0}},
+                          acceptance=Acceptance([1.0, 1.2], {}))
+    data = TuneResult(schedule=[[1, 1, 1]], speculative_config=None, draft_sample_method="greedy",
+                      choices={"greedy": choice}, ks_measured=[0, 1], compilation=[],
+                      measurements=[{"concurrency": 1, "k": 0, "measured_tok_s": 10.0},
+                                    {"concurrency": 1, "k": 1, "measured_tok_s": 12.5}],
+                      settings={"max_k": 1})
     assert tune_plot.expected(data, tmp_path / "tune.png").stat().st_size > 1000

@@ -6,6 +6,7 @@ model's own forward (transformers), so these tests need no vLLM engine; ``test_t
 checks that format against the served drafter.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -27,7 +28,8 @@ from vllm_mtp_plugin.tools.train.export import LAYER_SHARD, export
 from vllm_mtp_plugin.tools.mtp_layer.transformers_layer import to_checkpoint_tensors, to_module_state
 from vllm_mtp_plugin.tools.train.memory import memory_plan
 from vllm_mtp_plugin.tools.mtp_layer.trainable import MtpTrainModel
-from vllm_mtp_plugin.tools.train.run import LAYERS_FILE, run_training, trained_layers
+from vllm_mtp_plugin.tools.job_files import write_job
+from vllm_mtp_plugin.tools.train.run import LAYERS_FILE, TrainJob, run_training, trained_layers
 from vllm_mtp_plugin.tools.train.trainer import TrainSettings, train
 from vllm_mtp_plugin.weights.preflight import mtp_problems
 
@@ -136,36 +138,37 @@ def test_a_layer_trained_from_an_export_exports_again(models, tmp_path):
     the first export's report is not carried into the second, whose own goes there."""
     full, _ = models
     model = MtpTrainModel(open_target(full), "checkpoint", 1, "chained")
-    layer = to_checkpoint_tensors(model.layers[0].state_dict())
-    export(open_target(full), [layer], tmp_path / "first")
+    layer = model.checkpoint_tensors()
+    export(open_target(full), layer, tmp_path / "first")
     (tmp_path / "first" / "training").mkdir()
     (tmp_path / "first" / "training" / "training.json").write_text("{}")
-    layer["eh_proj.weight"] = layer["eh_proj.weight"] * 1.5
-    export(open_target(tmp_path / "first"), [layer], tmp_path / "second")
+    eh_proj = "model.layers.4.eh_proj.weight"
+    layer[eh_proj] = layer[eh_proj] * 1.5
+    export(open_target(tmp_path / "first"), layer, tmp_path / "second")
     second = tmp_path / "second"
     assert not (second / "training").exists()
     assert not mtp_problems(second, json.loads((second / "config.json").read_text()))
     with safe_open(str(second / LAYER_SHARD), "pt") as f:
-        assert torch.equal(f.get_tensor("model.layers.4.eh_proj.weight"),
-                           layer["eh_proj.weight"].to(torch.bfloat16))
+        assert torch.equal(f.get_tensor(eh_proj), layer[eh_proj].to(torch.bfloat16))
 
 
 def test_export_serves_the_trained_layer_beside_the_targets_files(models, data, tmp_path):
     full, _ = models
     target = open_target(full)
     model = MtpTrainModel(target, "checkpoint", 1, "chained")
-    layer = to_checkpoint_tensors(model.layers[0].state_dict())
-    layer["eh_proj.weight"] = layer["eh_proj.weight"] * 1.5  # a changed layer
-    summary = export(target, [layer], tmp_path / "out")
+    layer = model.checkpoint_tensors()
+    eh_proj = "model.layers.4.eh_proj.weight"
+    layer[eh_proj] = layer[eh_proj] * 1.5  # a changed layer
+    summary = export(target, layer, tmp_path / "out")
     out = tmp_path / "out"
     assert summary["rewritten"] == ["model.safetensors"]  # the old layer shared the file
     assert not mtp_problems(out, json.loads((out / "config.json").read_text()))
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert not [n for n in f.keys() if n.startswith("model.layers.4.")]
     with safe_open(str(out / LAYER_SHARD), "pt") as f:
-        stored = f.get_tensor("model.layers.4.eh_proj.weight")
+        stored = f.get_tensor(eh_proj)
         assert stored.dtype == torch.bfloat16
-        assert torch.equal(stored, layer["eh_proj.weight"].to(torch.bfloat16))
+        assert torch.equal(stored, layer[eh_proj].to(torch.bfloat16))
         assert "model.layers.4.shared_head.head.weight" in f.keys()  # vLLM's own class loads it
 
 
@@ -185,12 +188,12 @@ def test_fp8_target_round_trip(models, tmp_path, capsys):
     fp8_dir = edited_copy(full, tmp_path / "fp8", tensors=quantize, quantization_config=quant)
     target = open_target(fp8_dir)
     assert target.fp8_block == (128, 128)
-    layer = to_checkpoint_tensors(MtpTrainModel(target, "checkpoint", 1, "chained")
-                                  .layers[0].state_dict())
+    layer = MtpTrainModel(target, "checkpoint", 1, "chained").checkpoint_tensors()
     original = load_file(str(full / "model.safetensors"))
     expert = "mlp.experts.3.up_proj.weight"
-    assert (layer[expert] - original["model.layers.4." + expert].float()).abs().max() < 0.02
-    export(target, [layer], tmp_path / "out")
+    assert (layer["model.layers.4." + expert]
+            - original["model.layers.4." + expert].float()).abs().max() < 0.02
+    export(target, layer, tmp_path / "out")
     with safe_open(str(tmp_path / "out" / LAYER_SHARD), "pt") as f:
         weight = f.get_tensor("model.layers.4." + expert)
         scale = f.get_tensor("model.layers.4." + expert + "_scale_inv")
@@ -198,7 +201,8 @@ def test_fp8_target_round_trip(models, tmp_path, capsys):
         assert f.get_tensor("model.layers.4.eh_proj.weight").dtype == torch.bfloat16
         assert f.get_tensor("model.layers.4.enorm.weight").dtype == torch.bfloat16
         back = dequantize_fp8_blocks(weight, scale, (128, 128))
-        assert (back - layer[expert]).abs().max() <= 0.07 * layer[expert].abs().max()
+        trained = layer["model.layers.4." + expert]
+        assert (back - trained).abs().max() <= 0.07 * trained.abs().max()
     from vllm_mtp_plugin.tools.inspect_cli import main as inspect_main
 
     assert inspect_main([str(tmp_path / "out")]) == 0
@@ -289,15 +293,15 @@ def test_a_trainer_state_that_would_run_code_is_refused(models, data, tmp_path):
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_world_size_two_matches_one_process(models, data, tmp_path, sharding):
     """torchrun with gloo: DDP, and FSDP2 fully_shard (the full-size path)."""
-    spec = {"target": str(models[1]), "data_dir": str(data),
-            "settings": {**settings().__dict__, "steps": 4, "train_only": None,
-                         "sharding": sharding}}
+    job = TrainJob(target=str(models[1]), data_dir=str(data), work_dir="",
+                   settings=dataclasses.replace(settings(), steps=4, train_only=None,
+                                                sharding=sharding))
     one = tmp_path / "one"
     one.mkdir()
-    run_training({**spec, "work_dir": str(one)}, progress=False)
+    run_training(dataclasses.replace(job, work_dir=str(one)), progress=False)
     two = tmp_path / "two"
     two.mkdir()
-    (two / "spec.json").write_text(json.dumps({**spec, "work_dir": str(two)}))
+    write_job(dataclasses.replace(job, work_dir=str(two)), two / "spec.json")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node=2", "-m", "vllm_mtp_plugin.tools.train.run",
@@ -305,9 +309,8 @@ def test_world_size_two_matches_one_process(models, data, tmp_path, sharding):
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (two / LAYERS_FILE).exists()
-    a, b = trained_layers(one)[0], trained_layers(two)[0]
-    initial = to_checkpoint_tensors(MtpTrainModel(open_target(models[1]), "scratch", 1,
-                                                  "chained").layers[0].state_dict())
+    a, b = trained_layers(one), trained_layers(two)
+    initial = MtpTrainModel(open_target(models[1]), "scratch", 1, "chained").checkpoint_tensors()
     moved = max((a[n] - initial[n]).abs().max().item() for n in a)
     differ = max((a[n] - b[n]).abs().max().item() for n in a)
     assert moved > 1e-3  # training changed the layer ...

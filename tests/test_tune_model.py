@@ -11,7 +11,8 @@ from vllm.v1.spec_decode.dynamic.utils import (build_dynamic_sd_schedule_lookup,
 from vllm_mtp_plugin.tools.throughput import prediction
 from vllm_mtp_plugin.tools.tune.cli import (draft_methods, engine_args, parse_args, result,
                                             summary_text)
-from vllm_mtp_plugin.tools.throughput.measure import TuneRun, engine_config, passes
+from vllm_mtp_plugin.tools.throughput.measure import Measured, TuneRun, engine_config, passes
+from vllm_mtp_plugin.tools.tune.results import TuneResult
 
 
 def test_acceptance_lengths_from_the_max_k_counters():
@@ -65,16 +66,18 @@ def test_result_has_vllms_key_at_the_top_and_a_ready_config():
     run = TuneRun(model="m", prompts=["a", "b"], concurrencies=[4, 1], max_k=2)
     points = [{**p, "measured_tok_s": 1.0} for p in _points(
         {(1, 0): 49.0, (1, 1): 59.0, (1, 2): 69.0, (4, 0): 99.0, (4, 1): 170.0, (4, 2): 229.0})]
-    data = result(run, {"points": points, "compilation": ["DYNAMO_TRACE_ONCE"],
-                        "acceptance_counters": {"num_drafts": 10,
-                                                "accepted_per_position": [8, 5]}})
+    tuned = result(run, Measured(points=points, compilation=["DYNAMO_TRACE_ONCE"],
+                                 counters={"greedy": {"num_drafts": 10,
+                                                      "accepted_per_position": [8, 5]}}))
+    assert tuned.chosen.best_fixed_k == {1: 2, 4: 1}  # ints in memory ...
+    data = tuned.to_json()
     assert list(data)[0] == "num_speculative_tokens_per_batch_size"
     assert data["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 4, 1]]
-    assert data["best_fixed_k"] == {"1": 2, "4": 1}
+    assert data["best_fixed_k"] == {"1": 2, "4": 1}  # ... text in tune.json
     assert data["expected_speedup"]["1"]["0"] == 1.0
     assert data["acceptance"]["per_position"] == pytest.approx([0.8, 0.5])
     json.dumps(data)  # tune.json is plain JSON
-    text = summary_text({**data, "settings": {**data["settings"], "max_k": 2}})
+    text = summary_text(tuned)
     assert "--speculative-config '" + json.dumps(data["speculative_config"]) + "'" in text
     assert "c = 1: k = 2, c = 4: k = 1" in text
 
@@ -174,22 +177,23 @@ def test_check_against_a_fixed_k_sweep(tmp_path):
         check.measured([one, one])
     tune = {"best_fixed_k": {"1": 2, "4": 0, "16": 1, "64": 0}}
     left_out = []
-    by_c = {v["concurrency"]: v for v in check.compare(tune, table, log=left_out.append)}
+    by_c = {v.concurrency: v for v in check.compare({1: 2, 4: 0, 16: 1, 64: 0}, table,
+                                                    log=left_out.append)}
     assert set(by_c) == {1, 4, 16}  # c = 64 was not in the sweep, and says so
     assert left_out == ["concurrency 64: left out (no comparable sweep rows)"]
-    assert by_c[1]["pick"] == "best" and by_c[1]["tuned_over_no_speculation"] == 172.5 / 102
+    assert by_c[1].pick == "best" and by_c[1].tuned_over_no_speculation == 172.5 / 102
     # k = 0 picked at c = 4 where k = 1 measured 330 vs 315: the ranges overlap
-    assert (by_c[4]["measured_best_k"], by_c[4]["pick"]) == (1, "within noise")
-    assert not by_c[4]["slower_than_no_speculation"]
-    assert by_c[16]["pick"] == "missed" and by_c[16]["slower_than_no_speculation"]
-    assert by_c[16]["tuned_over_best"] == pytest.approx(510 / 605)
+    assert (by_c[4].measured_best_k, by_c[4].pick) == (1, "within noise")
+    assert not by_c[4].slower_than_no_speculation
+    assert by_c[16].pick == "missed" and by_c[16].slower_than_no_speculation
+    assert by_c[16].tuned_over_best == pytest.approx(510 / 605)
     text = check.text(list(by_c.values()))
     assert "| 16 | 605.0 [600.0–610.0] | 510.0 [500.0–520.0] | – |" in text
     assert "missed; slower than k = 0" in text and "one pass" not in text
     single = _sweep(tmp_path, "one-pass.json", {(8, 0): [100], (8, 1): [99]})
-    (verdict,) = check.compare({"best_fixed_k": {"8": 1}},
+    (verdict,) = check.compare({8: 1},
                                check.measured([single], {"model": str(tmp_path / "model")}))
-    assert verdict["pick"] == "missed" and verdict["single_pass"]
+    assert verdict.pick == "missed" and verdict.single_pass
     assert "missed; slower than k = 0; one pass: no noise range" in check.text([verdict])
     tune_json = tmp_path / "tune.json"
     tune_json.write_text(json.dumps({**tune, "settings": {"model": "m"}}))
@@ -214,9 +218,9 @@ def _two_method_result(probabilistic_accepted: list[int]) -> dict:
     by_method = {"greedy": {"num_drafts": 100, "accepted_per_position": [30, 9]},
                  "probabilistic": {"num_drafts": 100,
                                    "accepted_per_position": probabilistic_accepted}}
-    return result(run, {"points": points, "compilation": ["x"],
-                        "acceptance_counters": by_method["greedy"],
-                        "acceptance_counters_by_method": by_method})
+    tuned = result(run, Measured(points=points, compilation=["x"], counters=by_method))
+    assert summary_text(TuneResult.from_json(tuned.to_json())) == summary_text(tuned)
+    return tuned.to_json()
 
 
 def test_sampled_traffic_recommends_the_draft_method_that_pays():
@@ -231,7 +235,7 @@ def test_sampled_traffic_recommends_the_draft_method_that_pays():
     # c = 1, k = 1: N = 64 tokens in 63 / tau_1 steps of (59 + 2) ms + 1 ms outside
     assert data["expected_tok_s"]["1"]["1"] == pytest.approx(64 / (63 / 1.6 * 0.062))
     assert methods["probabilistic"]["mean_best_speedup"] > methods["greedy"]["mean_best_speedup"]
-    text = summary_text(data)
+    text = summary_text(TuneResult.from_json(data))
     assert "acceptance per draft position at k = 2, probabilistic drafts: 0.60 0.29" in text
     assert "draft method: probabilistic (mean over concurrencies of the best k's speed-up " in text
     assert '"draft_sample_method": "probabilistic"' in text

@@ -2,6 +2,7 @@
 than a plain step of the same batch, a speed-up beyond the acceptance length over the floor, a
 busy machine. It measures again (engines in the other order), then refuses with exit 3."""
 
+import dataclasses
 import json
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from vllm_mtp_plugin.tools.throughput.plausibility import (beyond_acceptance, cheaper_than_plain,
                                                       row_problems, tune_problems)
 from vllm_mtp_plugin.tools.tune import cli as tune_cli
+from vllm_mtp_plugin.tools.throughput.measure import Measured
 
 
 def _points(steps: dict, mean: dict | None = None) -> list[dict]:
@@ -57,7 +59,7 @@ def _tune(tmp_path, monkeypatch, measurements: list[dict], remeasure: int = 1):
 
     def measure(run, logs, reverse=False):
         calls.append(reverse)
-        return measurements[len(calls) - 1]
+        return dataclasses.replace(measurements[len(calls) - 1])
     monkeypatch.setattr(tune_cli, "measure", measure)
     monkeypatch.setattr(tune_cli.tune_plot, "expected", lambda data, path: path)
     out = tmp_path / "tune.json"
@@ -66,13 +68,13 @@ def _tune(tmp_path, monkeypatch, measurements: list[dict], remeasure: int = 1):
     return code, json.loads(out.read_text()), calls
 
 
-COUNTERS = {"num_drafts": 100, "accepted_per_position": [13]}
-IMPOSSIBLE = {"points": _points({(0, 4): 19.1, (1, 4): 10.1}), "compilation": ["x"],
-              "acceptance_counters": COUNTERS}
-BUSY = {"points": _points({(0, 4): 10.0, (1, 4): 12.0}, mean={(1, 4): 40.0}),
-        "compilation": ["x"], "acceptance_counters": COUNTERS}
-POSSIBLE = {"points": _points({(0, 4): 10.0, (1, 4): 12.0}), "compilation": ["x"],
-            "acceptance_counters": COUNTERS}
+COUNTERS = {"greedy": {"num_drafts": 100, "accepted_per_position": [13]}}
+IMPOSSIBLE = Measured(points=_points({(0, 4): 19.1, (1, 4): 10.1}), compilation=["x"],
+                      counters=COUNTERS)
+BUSY = Measured(points=_points({(0, 4): 10.0, (1, 4): 12.0}, mean={(1, 4): 40.0}),
+                compilation=["x"], counters=COUNTERS)
+POSSIBLE = Measured(points=_points({(0, 4): 10.0, (1, 4): 12.0}), compilation=["x"],
+                    counters=COUNTERS)
 
 
 def test_tune_measures_again_in_the_other_order_and_then_recommends(tmp_path, monkeypatch, capsys):

@@ -44,6 +44,20 @@ class CollectSettings:
     record_outputs: bool = False
 
 
+@dataclasses.dataclass
+class CollectJob:
+    """One collection, as ``vllm-mtp train`` and ``vllm-mtp doctor`` hand it to a process of its
+    own (``main``)."""
+
+    model_dir: str  # the target
+    prompts: str  # the prompt file
+    data_dir: str  # where the shards go
+    settings: CollectSettings
+    dtype: str = "auto"  # vLLM's --dtype
+    serve_dir: str | None = None  # the checkpoint the engine loads, when not the target
+    engine_kwargs: dict | None = None  # more ``LLM(...)`` keywords
+
+
 def _fingerprint(target: Path, prompts_path: Path, settings: CollectSettings) -> dict:
     digest = hashlib.sha256(prompts_path.read_bytes()).hexdigest()
     return {"target": str(target.resolve()), "prompts_sha256": digest,
@@ -190,10 +204,11 @@ def collect(model_dir: str | Path, prompts_path: str | Path, data_dir: str | Pat
 def main(argv: list[str]) -> int:
     """``python -m vllm_mtp_plugin.tools.state_collection JOB.json``: one collection in a process of
     its own (the engine's memory goes with it before training starts)."""
-    job = json.loads(Path(argv[0]).read_text())
-    collect(job["model_dir"], job["prompts"], job["data_dir"],
-            CollectSettings(**job["settings"]), dtype=job.get("dtype", "auto"),
-            serve_dir=job.get("serve_dir"), engine_kwargs=job.get("engine_kwargs"))
+    from .job_files import read_job
+
+    job = read_job(CollectJob, argv[0])
+    collect(job.model_dir, job.prompts, job.data_dir, job.settings, dtype=job.dtype,
+            serve_dir=job.serve_dir, engine_kwargs=job.engine_kwargs)
     return 0
 
 

@@ -29,9 +29,9 @@ def measure_batch_sizes(model: Path, prompts: list, batch_sizes: list[int], max_
                   timeout=timeout)
     log_dir.mkdir(parents=True, exist_ok=True)
     measured = measure(run, log_dir, on_start=lambda line: progress(f"batch sizes: {line}"))
-    taus = acceptance_lengths(measured["acceptance_counters"], 1)
-    expected = predictions(measured["points"], taus, run.max_tokens)
-    tok_s = {(p["k"], p["concurrency"]): p["measured_tok_s"] for p in measured["points"]}
+    taus = acceptance_lengths(measured.counters[run.draft_sample_methods[0]], 1)
+    expected = predictions(measured.points, taus, run.max_tokens)
+    tok_s = {(p["k"], p["concurrency"]): p["measured_tok_s"] for p in measured.points}
     rows = []
     for c in run.concurrencies:
         model_k = expected.get(c, {})
@@ -42,7 +42,7 @@ def measure_batch_sizes(model: Path, prompts: list, batch_sizes: list[int], max_
             "measured_speedup": (tok_s[(1, c)] / tok_s[(0, c)]) if tok_s.get((0, c)) and
             tok_s.get((1, c)) else None,
             "tok_s_without": tok_s.get((0, c)), "tok_s_k1": tok_s.get((1, c))})
-    return {"rows": rows, "acceptance_length_k1": taus[1], "compilation": measured["compilation"],
+    return {"rows": rows, "acceptance_length_k1": taus[1], "compilation": measured.compilation,
             "max_tokens": run.max_tokens}
 
 

@@ -111,17 +111,18 @@ def collect_reference_data(model: Path, settings: DiagnosisSettings, work: Path,
                            log: Path) -> dict:
     """``vllm-mtp train``'s collection, greedy, with the served layer's output, in a process of
     its own (its engine's memory goes before the reference loads the layer)."""
-    from ..state_collection import CollectSettings
+    from ..state_collection import CollectJob, CollectSettings
+    from ..job_files import write_job
 
     prompts_len = settings.engine_args.get("max_model_len")
     collect_settings = CollectSettings(temperature=0.0, max_new_tokens=settings.max_tokens,
                                        max_len=(prompts_len - 1) if prompts_len else 512,
                                        record_outputs=True)
     engine_kwargs = {k: v for k, v in settings.engine_args.items() if k not in COLLECTION_SETS}
-    job = {"model_dir": str(model), "prompts": str(settings.prompts), "data_dir": str(work / "data"),
-           "settings": dataclasses.asdict(collect_settings),
-           "dtype": settings.engine_args.get("dtype", "auto"), "engine_kwargs": engine_kwargs}
-    (work / "collect.json").write_text(json.dumps(job, indent=1))
+    job = CollectJob(model_dir=str(model), prompts=str(settings.prompts),
+                     data_dir=str(work / "data"), settings=collect_settings,
+                     dtype=settings.engine_args.get("dtype", "auto"), engine_kwargs=engine_kwargs)
+    write_job(job, work / "collect.json")
     with open(log, "w") as out:
         done = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.tools.state_collection",
                                str(work / "collect.json")], stdout=out, stderr=subprocess.STDOUT,

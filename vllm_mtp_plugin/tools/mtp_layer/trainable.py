@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint.target import TargetCheckpoint
-from .transformers_layer import (FrozenTarget, mtp_forward, new_layer, to_module_state,
-                                 transformers_config)
+from .transformers_layer import (FrozenTarget, mtp_forward, new_layer, to_checkpoint_tensors,
+                     to_module_state, transformers_config)
 from .v3_target import TrainInputError
 
 INITS = ("auto", "checkpoint", "scratch", "last-layer")
@@ -105,6 +105,7 @@ class MtpTrainModel(nn.Module):
         if depth < 1:
             raise TrainInputError(f"--depth {depth}: at least 1.")
         self.config = transformers_config(target.config)
+        self.first_layer = target.num_hidden_layers  # L: the checkpoint's index of layers[0]
         self.init = resolve_init(init, target)
         self.unroll = unroll
         self.depth = depth
@@ -119,6 +120,18 @@ class MtpTrainModel(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.target = FrozenTarget(self.config, target.float_tensor("model.embed_tokens.weight"),
                                    target.float_tensor("lm_head.weight"))
+
+    def checkpoint_tensors(self, state: dict[str, torch.Tensor] | None = None
+                           ) -> dict[str, torch.Tensor]:
+        """``self.layers``' state dict (``{j}.<module name>``; default: the current one) in the
+        checkpoint's names, ``model.layers.{L + j}.<tensor>``: the one renaming between the
+        trainer and the served checkpoint."""
+        per_layer: dict[int, dict[str, torch.Tensor]] = {}
+        for key, tensor in (self.layers.state_dict() if state is None else state).items():
+            j, name = key.split(".", 1)
+            per_layer.setdefault(int(j), {})[name] = tensor
+        return {name: tensor for j in sorted(per_layer) for name, tensor in to_checkpoint_tensors(
+            per_layer[j], f"model.layers.{self.first_layer + j}.").items()}
 
     def freeze_except(self, groups: list[str] | None) -> int:
         """Train only parameters of ``groups`` (None: all); returns the trainable count."""

@@ -9,9 +9,11 @@ served layer on the same weights and inputs (``test_trainer_layer_computes_the_s
 Names: a checkpoint stores ``model.layers.{L}.<block tensor>`` per expert
 (``mlp.experts.{e}.gate_proj.weight``), transformers keeps the experts fused
 (``mlp.experts.gate_up_proj[e] = cat(gate, up)``, ``mlp.experts.down_proj[e]``).
-``to_module_state`` and ``to_checkpoint_tensors`` convert both ways; FP8 block-quantized
-checkpoints are dequantized before they get here, as they are read
-(``checkpoint/target.py: TargetCheckpoint.float_tensor``).
+``to_module_state`` and ``to_checkpoint_tensors`` convert both ways: the trained layers are
+renamed once, from the trainer's modules to the checkpoint's full names (``model.layers.{L+j}.``),
+and keep those through the work directory to the export. FP8 block-quantized checkpoints are
+dequantized before they get here, as they are read (``checkpoint/target.py:
+TargetCheckpoint.float_tensor``).
 """
 
 from __future__ import annotations
@@ -83,26 +85,37 @@ def to_module_state(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[
     return state
 
 
-def to_checkpoint_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """MtpLayer state dict -> checkpoint tensors (names below ``model.layers.{L}.``, per
-    expert)."""
+def to_checkpoint_tensors(state: dict[str, torch.Tensor], prefix: str = ""
+                          ) -> dict[str, torch.Tensor]:
+    """MtpLayer state dict -> checkpoint tensors, per expert, named ``prefix`` + the name below
+    ``model.layers.{L}.`` (``prefix`` ``model.layers.{L}.``: the checkpoint's full names)."""
     back = {v: k for k, v in OWN_TENSORS.items()}
     out = {}
     for name, tensor in state.items():
         tensor = tensor.detach()
         if name in back:
-            out[back[name]] = tensor
+            out[prefix + back[name]] = tensor
         elif name == "mtp_block.mlp.experts.gate_up_proj":
             for e, fused in enumerate(tensor):
                 gate, up = fused.chunk(2, dim=0)
-                out[f"mlp.experts.{e}.gate_proj.weight"] = gate
-                out[f"mlp.experts.{e}.up_proj.weight"] = up
+                out[f"{prefix}mlp.experts.{e}.gate_proj.weight"] = gate
+                out[f"{prefix}mlp.experts.{e}.up_proj.weight"] = up
         elif name == "mtp_block.mlp.experts.down_proj":
             for e, down in enumerate(tensor):
-                out[f"mlp.experts.{e}.down_proj.weight"] = down
+                out[f"{prefix}mlp.experts.{e}.down_proj.weight"] = down
         else:
-            out[name.removeprefix("mtp_block.")] = tensor
+            out[prefix + name.removeprefix("mtp_block.")] = tensor
     return out
+
+
+def layer_index(name: str) -> int:
+    """``model.layers.{i}.<tensor>`` -> i."""
+    return int(name.split(".", 3)[2])
+
+
+def below_layer(name: str) -> str:
+    """``model.layers.{i}.<tensor>`` -> ``<tensor>``, the name ``TargetCheckpoint.layer`` uses."""
+    return name.split(".", 3)[3]
 
 
 class FrozenTarget(nn.Module):

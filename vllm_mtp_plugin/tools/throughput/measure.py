@@ -57,6 +57,18 @@ class TuneRun:
                                            key=DRAFT_SAMPLE_METHODS.index)
 
 
+@dataclasses.dataclass
+class Measured:
+    """What the engines measured: every (k, c) point (``point``), and per draft method the
+    spec-decode counters of its k = max-k engine's largest pass."""
+
+    points: list[dict]
+    counters: dict[str, dict]  # {draft method: counters}, in the run's order of methods
+    compilation: list[str]
+    ks: list[int] | None = None  # the k vLLM accepts for the checkpoint (``allowed_ks``)
+    logs: str | None = None  # where the engine logs are
+
+
 def passes(run: TuneRun) -> list[dict]:
     """One pass per concurrency: the first c prompts (cycled), all in flight together."""
     sampling = {"temperature": run.temperature, **({"seed": run.seed} if run.temperature else {})}
@@ -125,7 +137,7 @@ def point(k: int, c: int, runs: list[dict], draft_sample_method: str | None = No
 
 
 def measure(run: TuneRun, log_dir: Path, on_start: Callable[[str], None] = print,
-            reverse: bool = False) -> dict:
+            reverse: bool = False) -> Measured:
     """Every (k, c) point per draft method, the acceptance counters of each method's k = max-k
     engine, and the engines' compilation. ``reverse`` runs the engines from the largest k down: a
     re-measurement in the other order lets a drift of the machine's speed hit the k's the other
@@ -151,7 +163,6 @@ def measure(run: TuneRun, log_dir: Path, on_start: Callable[[str], None] = print
             points.append(point(k, c, runs, method))
             if k == ks[-1] and c == run.concurrencies[-1]:  # the largest pass: no prompt twice
                 at_max_k[method] += [r["spec_decode"] for r in runs]
-    by_method = {m: total_counters(runs).summary() for m, runs in at_max_k.items()}
-    return {"points": points, "acceptance_counters": by_method[run.draft_sample_methods[0]],
-            "acceptance_counters_by_method": by_method,
-            "compilation": sorted(compilation), "ks": ks}
+    return Measured(points=points,
+                    counters={m: total_counters(runs).summary() for m, runs in at_max_k.items()},
+                    compilation=sorted(compilation), ks=ks)

@@ -26,7 +26,8 @@ from importlib import resources
 from pathlib import Path
 
 from ..checkpoint.target import TargetCheckpoint, TargetCheckpointError
-from ..state_collection import CollectSettings
+from ..state_collection import CollectJob, CollectSettings
+from ..job_files import write_job
 from ..mtp_layer.trainable import INITS, PARAMETER_GROUPS, UNROLLS
 from ..mtp_layer.v3_target import TrainInputError, open_target
 from ..cli_help import HelpFormatter, examples
@@ -141,11 +142,10 @@ def _scaffold(target: TargetCheckpoint, settings: TrainSettings, work: Path) -> 
     if (scaffold / "config.json").exists():
         return scaffold
     from .export import export
-    from ..mtp_layer.transformers_layer import to_checkpoint_tensors
     from ..mtp_layer.trainable import MtpTrainModel
 
     model = MtpTrainModel(target, settings.init, 1, "recursive", settings.seed)
-    export(target, [to_checkpoint_tensors(model.layers[0].state_dict())], scaffold)
+    export(target, model.checkpoint_tensors(), scaffold)
     return scaffold
 
 
@@ -156,10 +156,10 @@ def _collect(args, target: TargetCheckpoint, settings: TrainSettings, work: Path
                                        samples_per_prompt=args.samples_per_prompt,
                                        max_len=args.max_len, seed=args.seed)
     scaffold = _scaffold(target, settings, work)
-    job = {"model_dir": str(target.dir), "prompts": str(prompts), "data_dir": str(work / "data"),
-            "settings": dataclasses.asdict(collect_settings), "dtype": args.dtype,
-            "serve_dir": str(scaffold) if scaffold else None}
-    (work / "collect.json").write_text(json.dumps(job, indent=1))
+    job = CollectJob(model_dir=str(target.dir), prompts=str(prompts),
+                     data_dir=str(work / "data"), settings=collect_settings, dtype=args.dtype,
+                     serve_dir=str(scaffold) if scaffold else None)
+    write_job(job, work / "collect.json")
     print(f"[1/3] collecting the target's continuations and the drafter's inputs through vLLM "
           f"({prompts})", flush=True)
     done = subprocess.run([sys.executable, "-m", "vllm_mtp_plugin.tools.state_collection",
@@ -191,20 +191,20 @@ def _recorded(args, target: TargetCheckpoint) -> tuple[int, int]:
 
 
 def _train(args, settings: TrainSettings, work: Path) -> None:
+    from .run import TrainJob, run_training
+
     data = Path(args.data) if args.data else work / "data"
-    job = {"target": str(Path(args.target)), "data_dir": str(data),
-            "work_dir": str(work), "settings": dataclasses.asdict(settings)}
+    job = TrainJob(target=str(Path(args.target)), data_dir=str(data), work_dir=str(work),
+                   settings=settings)
     print(f"[2/3] training {settings.depth if settings.unroll == 'chained' else 1} MTP layer(s) "
           f"(init {settings.init}, depth {settings.depth} {settings.unroll}, loss "
           f"{settings.loss}, "
           f"{f'{settings.steps} steps' if settings.steps else f'{settings.epochs:g} epochs'}, "
           f"{args.nproc} process(es))", flush=True)
     if args.nproc <= 1:
-        from .run import run_training
-
         run_training(job, progress=not args.quiet)
         return
-    (work / "train.json").write_text(json.dumps(job, indent=1))
+    write_job(job, work / "train.json")
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc-per-node={args.nproc}", "-m",
                            "vllm_mtp_plugin.tools.train.run", str(work / "train.json")])

@@ -19,35 +19,35 @@ import torch
 from ..checkpoint.files import assemble
 from ..checkpoint.quantize import quantize_fp8_blocks
 from ..checkpoint.target import SCALE_SUFFIX, TargetCheckpoint
+from ..mtp_layer.transformers_layer import below_layer, layer_index
 from ..mtp_layer.v3_target import TrainInputError
 
 LAYER_SHARD = "mtp-00001-of-00001.safetensors"
 
 
-def layer_file_tensors(target: TargetCheckpoint, layers: list[dict[str, torch.Tensor]]
+def layer_file_tensors(target: TargetCheckpoint, layers: dict[str, torch.Tensor]
                        ) -> dict[str, torch.Tensor]:
-    """Full names -> tensors as stored: dtype, FP8 blocks and the shared copies."""
-    base = target.num_hidden_layers
-    fp8 = target.quantized_names(base - 1) if target.fp8_block else set()
+    """The trained layers' tensors (full names) as stored: dtype, FP8 blocks and the shared
+    copies."""
+    fp8 = target.quantized_names(target.num_hidden_layers - 1) if target.fp8_block else set()
     embedding = target.tensor("model.embed_tokens.weight")
     head = target.tensor("lm_head.weight")
     out = {}
-    for j, tensors in enumerate(layers):
-        prefix = f"model.layers.{base + j}."
-        for name, tensor in tensors.items():
-            if name in fp8:
-                weight, scale = quantize_fp8_blocks(tensor, target.fp8_block)
-                out[prefix + name], out[prefix + name + SCALE_SUFFIX] = weight, scale
-            else:
-                out[prefix + name] = tensor.to(target.dtype)
-        out[prefix + "embed_tokens.weight"] = embedding
-        out[prefix + "shared_head.head.weight"] = head
+    for name, tensor in layers.items():
+        if below_layer(name) in fp8:
+            weight, scale = quantize_fp8_blocks(tensor, target.fp8_block)
+            out[name], out[name + SCALE_SUFFIX] = weight, scale
+        else:
+            out[name] = tensor.to(target.dtype)
+    for index in sorted({layer_index(name) for name in layers}):
+        out[f"model.layers.{index}.embed_tokens.weight"] = embedding
+        out[f"model.layers.{index}.shared_head.head.weight"] = head
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def export(target: TargetCheckpoint, layers: list[dict[str, torch.Tensor]], out_dir: str | Path,
+def export(target: TargetCheckpoint, layers: dict[str, torch.Tensor], out_dir: str | Path,
            copy: bool = False, metadata: dict | None = None) -> dict:
-    """``out_dir`` = the target + ``layers`` (checkpoint names below ``model.layers.{L+j}.``)."""
+    """``out_dir`` = the target + ``layers`` (the checkpoint's names, ``model.layers.{L+j}.*``)."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
@@ -59,7 +59,7 @@ def export(target: TargetCheckpoint, layers: list[dict[str, torch.Tensor]], out_
     os.chmod(out / LAYER_SHARD, 0o644)
     old = {n for n in target.tensors if n.startswith("model.layers.")
            and int(n.split(".")[2]) >= target.num_hidden_layers}
-    done = assemble(target, out, dict.fromkeys(tensors, LAYER_SHARD), len(layers), copy,
-                    drop=old)
-    return {"out": str(out), "mtp_layers": len(layers), "tensors": len(tensors),
+    count = len({layer_index(name) for name in layers})
+    done = assemble(target, out, dict.fromkeys(tensors, LAYER_SHARD), count, copy, drop=old)
+    return {"out": str(out), "mtp_layers": count, "tensors": len(tensors),
             "replaced": len(old), "rewritten": done["rewritten"]}

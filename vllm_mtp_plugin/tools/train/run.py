@@ -3,12 +3,13 @@
 ``python -m torch.distributed.run --nproc-per-node N -m vllm_mtp_plugin.tools.train.run JOB``
 starts N ranks (gloo on CPU, NCCL on GPUs); without torchrun's environment the run is one
 process. Rank 0 writes ``trained-layers.safetensors`` (the layers at the step with the best held-out
-loss, checkpoint names below ``model.layers.{L+j}.``, keyed ``{j}.{name}``) and ``history.json``
-into the work directory.
+loss, in the checkpoint's names ``model.layers.{L+j}.*``) and ``history.json`` into the work
+directory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -18,10 +19,9 @@ import torch
 
 from ..mtp_layer.v3_target import open_target
 from ..mtp_layer.shard_format import SequenceStore
-from ..mtp_layer.transformers_layer import to_checkpoint_tensors
 from ..mtp_layer.trainable import MtpTrainModel
-from .trainer import (BEST_LAYERS, TrainSettings, full_layer_states, load_state, save_history,
-                      train)
+from .trainer import (BEST_LAYERS, TrainSettings, load_state, save_history, train,
+                      trained_tensors)
 
 LAYERS_FILE = "trained-layers.safetensors"
 HISTORY_FILE = "history.json"
@@ -39,44 +39,46 @@ def _init_distributed() -> bool:
     return True
 
 
-def run_training(job: dict, progress: bool = True) -> None:
-    """``job``: ``target``, ``data_dir``, ``work_dir``, ``settings`` (TrainSettings fields)."""
+@dataclasses.dataclass
+class TrainJob:
+    """One training run, as ``vllm-mtp train`` hands it to ``torchrun``'s ranks."""
+
+    target: str  # the target's checkpoint directory
+    data_dir: str  # the shards
+    work_dir: str  # trainer state, history, the trained layers
+    settings: TrainSettings
+
+
+def run_training(job: TrainJob, progress: bool = True) -> None:
     distributed = _init_distributed()
     try:
-        settings = TrainSettings(**{**job["settings"], "train_only": tuple(
-            job["settings"]["train_only"]) if job["settings"].get("train_only") else None})
-        work = Path(job["work_dir"])
-        target = open_target(job["target"])
+        settings = job.settings
+        work = Path(job.work_dir)
+        target = open_target(job.target)
         model = MtpTrainModel(target, settings.init, settings.depth, settings.unroll,
                               settings.seed)
         if torch.cuda.is_available():
             model.to(torch.device("cuda", torch.cuda.current_device()))
-        history = train(model, SequenceStore(job["data_dir"]), settings, work, progress)
-        states = full_layer_states(model)
+        history = train(model, SequenceStore(job.data_dir), settings, work, progress)
+        tensors = trained_tensors(model)
         if not distributed or torch.distributed.get_rank() == 0:
             from safetensors.torch import save_file
 
             if (work / BEST_LAYERS).exists():  # the layer with the best held-out loss
-                states = load_state(work / BEST_LAYERS)
-
-            tensors = {f"{j}.{name}": t.contiguous() for j, state in enumerate(states)
-                       for name, t in to_checkpoint_tensors(state).items()}
-            save_file(tensors, str(work / LAYERS_FILE))
+                tensors = load_state(work / BEST_LAYERS)
+            save_file({name: t.contiguous() for name, t in tensors.items()},
+                      str(work / LAYERS_FILE))
             save_history({**history, "init": model.init}, work / HISTORY_FILE)
     finally:
         if distributed:
             torch.distributed.destroy_process_group()
 
 
-def trained_layers(work_dir: Path) -> list[dict[str, torch.Tensor]]:
+def trained_layers(work_dir: Path) -> dict[str, torch.Tensor]:
+    """The trained layers in the checkpoint's names, ``model.layers.{L + j}.*``."""
     from safetensors.torch import load_file
 
-    flat = load_file(str(work_dir / LAYERS_FILE))
-    layers: dict[int, dict] = {}
-    for key, tensor in flat.items():
-        j, name = key.split(".", 1)
-        layers.setdefault(int(j), {})[name] = tensor
-    return [layers[j] for j in sorted(layers)]
+    return load_file(str(work_dir / LAYERS_FILE))
 
 
 def history(work_dir: Path) -> dict:
@@ -84,4 +86,6 @@ def history(work_dir: Path) -> dict:
 
 
 if __name__ == "__main__":
-    run_training(json.loads(Path(sys.argv[1]).read_text()))
+    from ..job_files import read_job
+
+    run_training(read_job(TrainJob, sys.argv[1]))

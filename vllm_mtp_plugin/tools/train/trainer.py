@@ -133,17 +133,13 @@ def full_state(model: MtpTrainModel, optimizer) -> tuple[dict, dict]:
                           options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def full_layer_states(model: MtpTrainModel) -> list[dict[str, torch.Tensor]]:
-    """Each layer's unsharded state dict (complete on rank 0); all ranks must call it."""
+def trained_tensors(model: MtpTrainModel) -> dict[str, torch.Tensor]:
+    """The layers' unsharded tensors in the checkpoint's names, ``model.layers.{L + j}.*``
+    (complete on rank 0); all ranks must call it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    flat = get_model_state_dict(model.layers, options=StateDictOptions(full_state_dict=True,
-                                                                        cpu_offload=True))
-    layers: list[dict] = [{} for _ in model.layers]
-    for key, tensor in flat.items():
-        j, name = key.split(".", 1)
-        layers[int(j)][name] = tensor
-    return layers
+    return model.checkpoint_tensors(get_model_state_dict(
+        model.layers, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
 
 
 def load_state(path: Path):
@@ -245,7 +241,7 @@ def train(model: MtpTrainModel, store: SequenceStore, settings: TrainSettings, w
                 # The layer to export: the best held-out loss, not the last step (a small data
                 # set is over-fitted within a few passes).
                 history["best"] = {**row, "score": score}
-                best = full_layer_states(model)
+                best = trained_tensors(model)
                 if rank == 0:
                     torch.save(best, work_dir / BEST_LAYERS)
         if (step + 1) % settings.checkpoint_every == 0 or last:

@@ -22,6 +22,7 @@ from ..stats import median
 from ..provenance import local_path
 from ..cli_help import HelpFormatter, examples
 from .plot import measured_against_pick
+from .results import Verdict, int_keys
 
 
 def comparable(row: dict, settings: dict) -> bool:
@@ -62,36 +63,35 @@ def measured(results_files: list[Path], settings: dict | None = None) -> dict[in
     return table
 
 
-def compare(tune: dict, table: dict[int, dict[int, dict]], log=print) -> list[dict]:
-    """One verdict per concurrency that both tune and the sweep measured (k = 0 included); the
-    others are named with the reason."""
+def compare(best_fixed_k: dict[int, int], table: dict[int, dict[int, dict]],
+            log=print) -> list[Verdict]:
+    """One verdict per concurrency that both tune (its best fixed k per concurrency) and the
+    sweep measured (k = 0 included); the others are named with the reason."""
     verdicts = []
-    for c_text, tuned_k in tune["best_fixed_k"].items():
-        by_k = table.get(int(c_text))
+    for c, tuned_k in best_fixed_k.items():
+        by_k = table.get(c)
         missing = ("no comparable sweep rows" if not by_k else
                    f"the sweep has no k = {tuned_k}" if tuned_k not in by_k else
                    "the sweep has no k = 0" if 0 not in by_k else None)
         if missing:
-            log(f"concurrency {c_text}: left out ({missing})")
+            log(f"concurrency {c}: left out ({missing})")
             continue
         best_k = max(by_k, key=lambda k: (by_k[k]["median"], -k))
         tuned, best, none = by_k[tuned_k], by_k[best_k], by_k[0]
-        verdicts.append({
-            "concurrency": int(c_text), "tuned_k": tuned_k, "measured_best_k": best_k,
-            "tok_s": {str(k): v for k, v in sorted(by_k.items())},
-            "tuned_over_best": tuned["median"] / best["median"],
-            "tuned_over_no_speculation": tuned["median"] / none["median"],
-            "pick": "best" if tuned_k == best_k else (
+        verdicts.append(Verdict(
+            concurrency=c, tuned_k=tuned_k, measured_best_k=best_k,
+            tok_s=dict(sorted(by_k.items())),
+            tuned_over_best=tuned["median"] / best["median"],
+            tuned_over_no_speculation=tuned["median"] / none["median"],
+            pick="best" if tuned_k == best_k else (
                 "within noise" if tuned["high"] >= best["low"] else "missed"),
-            "slower_than_no_speculation": tuned["high"] < none["low"],
-            # one pass has no range: a pick a hair below the best then counts as missed
-            "single_pass": min(tuned["passes"], best["passes"], none["passes"]) < 2,
-        })
+            slower_than_no_speculation=tuned["high"] < none["low"],
+            single_pass=min(tuned["passes"], best["passes"], none["passes"]) < 2))
     return verdicts
 
 
-def text(verdicts: list[dict], machine: str = "") -> str:
-    ks = sorted({int(k) for v in verdicts for k in v["tok_s"]})
+def text(verdicts: list[Verdict], machine: str = "") -> str:
+    ks = sorted({k for v in verdicts for k in v.tok_s})
     lines = ([machine, ""] if machine else []) + [
         "measured tokens/s per fixed k: median [lowest – highest pass]; tune's pick against the "
         "measured best", "",
@@ -101,13 +101,14 @@ def text(verdicts: list[dict], machine: str = "") -> str:
     for v in verdicts:
         cells = []
         for k in ks:
-            m = v["tok_s"].get(str(k))
-            cells.append("–" if m is None else f"{m['median']:.1f} [{m['low']:.1f}–{m['high']:.1f}]")
-        verdict = v["pick"] + ("; slower than k = 0" if v["slower_than_no_speculation"] else "") + (
-            "; one pass: no noise range" if v.get("single_pass") else "")
-        lines.append(f"| {v['concurrency']} | " + " | ".join(cells)
-                     + f" | {v['tuned_k']} | {v['measured_best_k']} | {v['tuned_over_best']:.2f}"
-                     f" | {v['tuned_over_no_speculation']:.2f} | {verdict} |")
+            m = v.tok_s.get(k)
+            cells.append("–" if m is None
+                         else f"{m['median']:.1f} [{m['low']:.1f}–{m['high']:.1f}]")
+        verdict = v.pick + ("; slower than k = 0" if v.slower_than_no_speculation else "") + (
+            "; one pass: no noise range" if v.single_pass else "")
+        lines.append(f"| {v.concurrency} | " + " | ".join(cells)
+                     + f" | {v.tuned_k} | {v.measured_best_k} | {v.tuned_over_best:.2f}"
+                     f" | {v.tuned_over_no_speculation:.2f} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                                         "draft_sample_method": tune.get("draft_sample_method")})
     except ValueError as exc:
         raise SystemExit(f"tune check: {exc}") from None
-    verdicts = compare(tune, table)
+    verdicts = compare(int_keys(tune["best_fixed_k"]), table)
     if not verdicts:
         raise SystemExit("tune check: no concurrency was measured both by tune and by an offline "
                          "sweep of the plugin on the same checkpoint, prompts as one set, tune's "
@@ -141,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     from ..provenance import machine as this_machine, portable, run_record
 
     record = {"run": {**run_record(), **this_machine()}, "tune_machine": tune.get("machine"),
-              "verdicts": verdicts}
+              "verdicts": [v.to_json() for v in verdicts]}
     (args.out / "check.json").write_text(json.dumps(portable(record), indent=1))
     measured_against_pick(verdicts, args.out / "tune_vs_fixed.png",
                           f"{Path(tune['settings']['model']).name}: fixed k against tune's pick")
     print(text(verdicts, machine))
-    return 0 if all(v["pick"] != "missed" and not v["slower_than_no_speculation"]
+    return 0 if all(v.pick != "missed" and not v.slower_than_no_speculation
                     for v in verdicts) else 1
 
 

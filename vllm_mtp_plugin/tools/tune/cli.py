@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 from ..throughput import prediction
-from ..throughput.measure import TuneRun, measure
 from ..cli_help import HelpFormatter, examples
 from . import plot as tune_plot
+from ..throughput.measure import Measured, TuneRun, measure
+from .results import Acceptance, MethodChoice, TuneResult
 
 REFUSED = ("speculative_config", "max_num_seqs", "model")
 
@@ -98,59 +99,39 @@ def method_points(points: list[dict], method: str) -> list[dict]:
     return [p for p in points if not p["k"] or (p.get("draft_sample_method") or "greedy") == method]
 
 
-def method_choice(run: TuneRun, points: list[dict], counters: dict) -> dict:
+def method_choice(run: TuneRun, points: list[dict], counters: dict) -> MethodChoice:
     """One draft method's acceptance, expected tokens/s and best k per concurrency."""
     taus = prediction.acceptance_lengths(counters, run.max_k)
     expected = prediction.predictions(points, taus, run.max_tokens)
     best = prediction.best_k(expected)
-    return {
-        "best_fixed_k": {str(c): k for c, k in best.items()},
-        "expected_tok_s": {str(c): {str(k): v for k, v in by_k.items()}
-                           for c, by_k in expected.items()},
-        "expected_speedup": {str(c): {str(k): v / by_k[0] for k, v in by_k.items()}
-                             for c, by_k in expected.items() if by_k.get(0)},
-        "mean_best_speedup": prediction.mean_best_speedup(expected, best),
-        "mean_best_speculative_speedup": prediction.mean_best_speedup(expected, best, True),
-        "acceptance": {"acceptance_lengths": taus,
-                       "per_position": [b - a for a, b in zip(taus, taus[1:])],
-                       "counters_at_max_k": counters},
-    }
+    return MethodChoice(best_fixed_k=best, expected_tok_s=expected,
+                        acceptance=Acceptance(taus, counters),
+                        mean_best_speedup=prediction.mean_best_speedup(expected, best),
+                        mean_best_speculative_speedup=prediction.mean_best_speedup(expected, best,
+                                                                                   True))
 
 
-def result(run: TuneRun, measured: dict) -> dict:
-    """tune.json: vLLM's schedule key at the top level, then what it was derived from. With
-    several draft methods measured, the top-level figures are the chosen method's and
-    ``draft_methods`` holds each method's."""
-    by_method = (measured.get("acceptance_counters_by_method")
-                 or {run.draft_sample_methods[0]: measured["acceptance_counters"]})
-    choices = {m: method_choice(run, method_points(measured["points"], m), counters)
-               for m, counters in by_method.items()}
+def result(run: TuneRun, measured: Measured) -> TuneResult:
+    """tune.json's content: vLLM's schedule, the chosen draft method, what it was derived
+    from (every method's figures, the measurements)."""
+    choices = {m: method_choice(run, method_points(measured.points, m), counters)
+               for m, counters in measured.counters.items()}
     method = prediction.preferred_draft_method(
-        {m: (c["mean_best_speedup"], c["mean_best_speculative_speedup"])
-         for m, c in choices.items()})
-    chosen = choices[method]
-    best = {int(c): k for c, k in chosen["best_fixed_k"].items()}
+        {m: (c.mean_best_speedup, c.mean_best_speculative_speedup) for m, c in choices.items()})
+    best = choices[method].best_fixed_k
     if not best:
         raise SystemExit("vllm-mtp tune: no concurrency has decode-step timings without "
-                         f"speculation; the engine logs say why ({measured.get('logs')})")
+                         f"speculation; the engine logs say why ({measured.logs})")
     ranges = prediction.schedule(best)
-    spec = prediction.speculative_config(ranges, method)
-    return {
-        "num_speculative_tokens_per_batch_size": ranges,
-        "speculative_config": spec,
-        "draft_sample_method": method,
-        **{key: chosen[key] for key in ("best_fixed_k", "expected_tok_s", "expected_speedup",
-                                         "acceptance")},
-        "draft_methods": choices if len(choices) > 1 else None,
-        "measurements": measured["points"],
-        "compilation": measured["compilation"],
-        "ks_measured": measured.get("ks"),
-        "settings": {"model": run.model, "concurrencies": run.concurrencies,
-                     "max_k": run.max_k, "max_tokens": run.max_tokens,
-                     "temperature": run.temperature, "repeats": run.repeats,
-                     "draft_sample_methods": run.draft_sample_methods,
-                     "engine_args": run.engine_args, "num_prompts": len(run.prompts)},
-    }
+    return TuneResult(
+        schedule=ranges, speculative_config=prediction.speculative_config(ranges, method),
+        draft_sample_method=method, choices=choices, measurements=measured.points,
+        compilation=measured.compilation, ks_measured=measured.ks,
+        settings={"model": run.model, "concurrencies": run.concurrencies,
+                  "max_k": run.max_k, "max_tokens": run.max_tokens,
+                  "temperature": run.temperature, "repeats": run.repeats,
+                  "draft_sample_methods": run.draft_sample_methods,
+                  "engine_args": run.engine_args, "num_prompts": len(run.prompts)})
 
 
 BUSY_RATIO = 1.5
@@ -165,67 +146,66 @@ def busy_points(points: list[dict]) -> list[str]:
             and p["mean_step_ms"] > BUSY_RATIO * p["step_ms"]]
 
 
-def problems(data: dict) -> list[str]:
+def problems(data: TuneResult) -> list[str]:
     """Why tune must not recommend from ``data``: impossible figures (of any draft method
     measured) or a busy machine."""
     from ..throughput.plausibility import tune_problems
 
     found = []
-    for method, choice in (data.get("draft_methods") or {data["draft_sample_method"]: data}).items():
-        expected = {int(c): {int(k): v for k, v in by_k.items()}
-                    for c, by_k in choice["expected_speedup"].items()}
-        named = [f"{line} ({method} drafts)" if data.get("draft_methods") else line
-                 for line in tune_problems(method_points(data["measurements"], method),
-                                           choice["acceptance"]["acceptance_lengths"], expected)]
+    for method, choice in data.choices.items():
+        named = [f"{line} ({method} drafts)" if data.several_methods else line
+                 for line in tune_problems(method_points(data.measurements, method),
+                                           choice.acceptance.acceptance_lengths,
+                                           choice.expected_speedup)]
         found += [line for line in named if line not in found]
-    return found + busy_points(data["measurements"])
+    return found + busy_points(data.measurements)
 
 
-def summary_text(data: dict) -> str:
+def summary_text(data: TuneResult) -> str:
     """The table of expected (and, from tune's own passes, measured) tokens/s, and the advice."""
-    max_k = data["settings"]["max_k"]
+    max_k = data.settings["max_k"]
+    chosen = data.chosen
     measured = {(p["concurrency"], p["k"]): p["measured_tok_s"] for p in method_points(
-        data["measurements"], data.get("draft_sample_method") or "greedy")}
+        data.measurements, data.draft_sample_method)}
     lines = ["expected tokens/s (measured in tune's own pass), per concurrency and k; * = best", "",
              "| concurrency | " + " | ".join(f"k = {k}" for k in range(max_k + 1)) + " | best k |",
              "|---|" + "---|" * (max_k + 2)]
-    for c, by_k in data["expected_tok_s"].items():
-        if c not in data["best_fixed_k"]:
+    for c, by_k in chosen.expected_tok_s.items():
+        if c not in chosen.best_fixed_k:
             lines.append(f"| {c} | no decode steps measured without speculation: left out |")
             continue
         cells = []
         for k in range(max_k + 1):
-            value = by_k.get(str(k))
-            seen = measured.get((int(c), k))
+            value = by_k.get(k)
+            seen = measured.get((c, k))
             cells.append("–" if value is None else f"{value:.1f}"
                          + (f" ({seen:.1f})" if seen else "")
-                         + (" *" if data["best_fixed_k"][c] == k else ""))
-        lines.append(f"| {c} | " + " | ".join(cells) + f" | {data['best_fixed_k'][c]} |")
-    method = data.get("draft_sample_method") or "greedy"
+                         + (" *" if chosen.best_fixed_k[c] == k else ""))
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {chosen.best_fixed_k[c]} |")
     lines += [""]
-    for name, choice in (data.get("draft_methods") or {method: data}).items():
+    for name, choice in data.choices.items():
         lines.append("acceptance per draft position at k = %d%s: %s" % (
-            max_k, f", {name} drafts" if data.get("draft_methods") else "",
-            " ".join(f"{a:.2f}" for a in choice["acceptance"]["per_position"])))
-    if data.get("draft_methods"):
-        methods = data["draft_methods"].items()
-        lines.append(f"draft method: {method} (mean over concurrencies of the best k's speed-up "
-                     "over no speculation: " + ", ".join(
-                         f"{name} {choice['mean_best_speedup']:.2f}x" for name, choice in methods)
+            max_k, f", {name} drafts" if data.several_methods else "",
+            " ".join(f"{a:.2f}" for a in choice.acceptance.per_position)))
+    if data.several_methods:
+        methods = data.choices.items()
+        lines.append(f"draft method: {data.draft_sample_method} (mean over concurrencies of the "
+                     "best k's speed-up over no speculation: " + ", ".join(
+                         f"{name} {choice.mean_best_speedup:.2f}x" for name, choice in methods)
                      + "; of the best k > 0: " + ", ".join(
-                         f"{name} {choice['mean_best_speculative_speedup']:.2f}x"
+                         f"{name} {choice.mean_best_speculative_speedup:.2f}x"
                          for name, choice in methods) + ")")
-    spec = data["speculative_config"]
+    spec = data.speculative_config
     if spec is None:
         lines += ["", "MTP does not pay off at any concurrency measured here: serve without "
                       "--speculative-config."]
     else:
         lines += ["", "serve with (Model Runner V2 reads the schedule; fixed k where it is one):",
                   f"  --speculative-config '{json.dumps(spec)}'"]
-        fixed = sorted(set(data["best_fixed_k"].values()))
+        fixed = sorted(set(chosen.best_fixed_k.values()))
         if len(fixed) > 1:
             lines.append("best fixed k per concurrency (a runner without the schedule): "
-                         + ", ".join(f"c = {c}: k = {k}" for c, k in data["best_fixed_k"].items()))
+                         + ", ".join(f"c = {c}: k = {k}" for c, k in chosen.best_fixed_k.items()))
     return "\n".join(lines)
 
 
@@ -252,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = environment()
     for attempt in range(args.remeasure + 1):
         measured = measure(run, logs, reverse=attempt % 2 == 1)
-        measured["logs"] = str(logs)
+        measured.logs = str(logs)
         data = result(run, measured)
         found = problems(data)
         if not found:
@@ -260,14 +240,14 @@ def main(argv: list[str] | None = None) -> int:
         print("tune: these measurements cannot be right:\n  " + "\n  ".join(found)
               + ("\n  measuring again, engines in the other order" if attempt < args.remeasure
                  else ""))
-    data["plausibility"] = {"measurements": attempt + 1, "problems": found}
+    data.plausibility = {"measurements": attempt + 1, "problems": found}
     if found:
-        data["refused"] = found
-        data["speculative_config"] = None
-        data["num_speculative_tokens_per_batch_size"] = None
-    data["machine"] = machine
-    args.out.write_text(json.dumps(portable(data), indent=1))
-    print(machine_line(data["machine"]))
+        data.refused = found
+        data.speculative_config = None
+        data.schedule = None
+    data.machine = machine
+    args.out.write_text(json.dumps(portable(data.to_json()), indent=1))
+    print(machine_line(data.machine))
     if found:
         print(f"vllm-mtp tune: no recommendation after {attempt + 1} measurement(s): the figures "
               "above are impossible or the machine was busy. Rerun on an idle machine, with "
