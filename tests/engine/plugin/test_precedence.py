@@ -10,13 +10,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from support import paths
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
-RESOLVE = Path(__file__).parent / "support" / "precedence" / "resolve.py"
+RESOLVE = paths.SUPPORT / "precedence" / "resolve.py"
 OURS_V3 = "vllm_mtp_plugin.models.v3:DeepSeekMTP"
 OURS_V4 = "vllm_mtp_plugin.models.v4:DeepSeekV4MTP"
 RIVAL_V3 = "vllm_mtp_rival.models:RivalDeepSeekMTP"

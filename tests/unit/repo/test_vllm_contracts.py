@@ -4,9 +4,9 @@ run the script itself; it downloads their sources once.)"""
 
 import subprocess
 import sys
-from pathlib import Path
+from support import paths
 
-SCRIPT = Path(__file__).parent / "versions" / "check_vllm_sources.py"
+SCRIPT = paths.TESTS / "versions" / "check_vllm_sources.py"
 
 
 def test_installed_vllm_meets_every_contract_the_plugin_relies_on():

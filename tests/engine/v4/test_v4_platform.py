@@ -9,18 +9,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from support.drafters import tiny_v4_checkpoint
+from support import paths
 
 from vllm_mtp_plugin import platform as plat
 from vllm_mtp_plugin.tools.engine import cpu_features
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
-SUPPORT = Path(__file__).parent / "support" / "fake_npu"
-REPO = Path(__file__).parent.parent
+SUPPORT = paths.SUPPORT / "fake_npu"
+REPO = paths.REPO
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from support import paths
 from vllm_mtp_plugin.tools.bench.stats import (comparison, distinct_drafts, median_interval,
                                               separated, wilson)
 from vllm_mtp_plugin.tools.provenance import host_paths, local_path, portable, run_record
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = paths.REPO
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import tables  # noqa: E402  (benchmarks/tables.py)

@@ -14,12 +14,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from support.hardware import needs_cpu, needs_v4_target
 from support.drafters import tiny_v4_checkpoint
 from support.engines import engine_runner
+from support import paths
 
 from vllm_mtp_plugin.platform import platform_family
 from vllm_mtp_plugin.tools.engine.cpu_features import AVX512_BF16
@@ -74,7 +74,7 @@ def test_vllms_in_tree_v4_drafter_is_a_stub_on_cpu(prompts):
 @pytest.mark.parametrize("runner", ["v1", "v2"])
 def test_engine_builds_loads_and_wires_our_v4_drafter(runner):
     model = tiny_v4_checkpoint("oracle", quantization=None)
-    support = Path(__file__).parent / "support"
+    support = paths.SUPPORT
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(support.parent.parent), os.environ.get("PYTHONPATH", "")])}
     env = harness_env(env) if runner == "v2" else {**env, "VLLM_USE_V2_MODEL_RUNNER": "0"}

@@ -23,12 +23,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from support import paths
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.train.data import write_shard
 
 pytestmark = pytest.mark.engine  # demo and bench start vLLM
 
-INSTALLED_ONLY = Path(__file__).parent / "support" / "installed_only"
+INSTALLED_ONLY = paths.SUPPORT / "installed_only"
 LEFT_OUT = "not drawn: matplotlib is not installed"
 
 
@@ -84,7 +85,7 @@ def test_commands_without_an_engine(tmp_path):
                        "--work-dir", str(tmp_path / "work"), "--quiet"], tmp_path, 600))
     assert LEFT_OUT in out and "Serve it with" in out
     assert (tmp_path / "trained" / "training" / "training.json").is_file()
-    results = Path(__file__).parents[1] / "benchmarks" / "results" / "offline" / "results.json"
+    results = paths.REPO / "benchmarks" / "results" / "offline" / "results.json"
     out = ok(vllm_mtp(["bench", "report", "--results", str(results), "--out",
                        str(tmp_path / "report")], tmp_path))
     assert LEFT_OUT in out and (tmp_path / "report" / "table.md").is_file()

@@ -9,12 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support import paths
 import vllm_mtp_plugin
 from vllm_mtp_plugin import patches
 
 PACKAGE = Path(vllm_mtp_plugin.__file__).parent
-README = Path(__file__).resolve().parents[1] / "docs" / "patches.md"
-TESTING = Path(__file__).resolve().parents[1] / "docs" / "testing.md"
+README = paths.REPO / "docs" / "patches.md"
+TESTING = paths.REPO / "docs" / "testing.md"
 
 
 def plugin_modules() -> list[Path]:
@@ -250,7 +251,7 @@ def test_the_wheel_holds_the_package_and_no_test_code(tmp_path):
     # A copy of what the build reads, beside test code it must leave out: setuptools writes build/
     # and *.egg-info into the tree it builds.
     root = tmp_path / "source"
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = paths.REPO
     junk = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
     for part in ("vllm_mtp_plugin", "tests"):
         shutil.copytree(checkout / part, root / part, ignore=junk)

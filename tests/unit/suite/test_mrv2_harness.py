@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from support import paths
 import vllm_mtp_plugin
 from vllm_mtp_plugin.tools import demo
 from vllm_mtp_plugin.tools.engine import mrv2
 from vllm_mtp_plugin.tools.bench import cli as bench_cli
 from vllm_mtp_plugin.tools.engine.mrv2 import HARNESS, SWITCH, harness_env, needs_interpreter
 
-SITE_DIR = Path(__file__).resolve().parent / "mrv2_harness"
+SITE_DIR = paths.HARNESS
 from vllm_mtp_plugin.tools.engine.offline import child_env
 
 PROBE = """
@@ -226,7 +227,7 @@ def test_the_harness_is_named_by_its_variable_and_is_not_package_data(monkeypatc
     package = Path(vllm_mtp_plugin.__file__).resolve().parent
     assert sorted(package.rglob("sitecustomize.py")) == []
     assert [p for p in package.rglob("*.py") if "mrv2_harness\"" in p.read_text()] == []
-    setup_py = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    setup_py = (paths.REPO / "setup.py").read_text()
     assert "package_data" in setup_py and "mrv2" not in setup_py.split("package_data")[1]
 
 

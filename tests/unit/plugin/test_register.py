@@ -5,14 +5,13 @@ import os
 import subprocess
 import sys
 from importlib.metadata import entry_points
-from pathlib import Path
 
 import pytest
 from support.logs import plugin_log
 
 import vllm_mtp_plugin
 
-TESTS = Path(__file__).parent
+TESTS = paths.TESTS
 
 
 def test_entry_point_is_declared():
@@ -35,6 +34,7 @@ def test_register_is_idempotent_lazy_and_logs_once():
 import logging, sys
 sys.path.insert(0, {str(TESTS)!r})
 from support.logs import plugin_log
+from support import paths
 import vllm_mtp_plugin
 from vllm import ModelRegistry
 with plugin_log(logging.INFO) as records:

@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from support.checkpoint_edits import edited_copy
+from support import paths
 
 from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.train import cli
@@ -318,9 +319,7 @@ def test_world_size_two_matches_one_process(models, data, tmp_path, sharding):
 
 
 def test_memory_plan_of_a_full_size_deepseek_v3_layer():
-    from pathlib import Path
-
-    config = json.loads((Path(__file__).parent / "data" / "deepseek_v3_config.json").read_text())
+    config = json.loads((paths.DATA / "deepseek_v3_config.json").read_text())
     plan = memory_plan(config, gpus=8, sharding="fsdp")
     assert 11.5e9 < plan.parameters < 11.8e9  # 256 experts x 3 x 7168 x 2048 and the rest
     assert plan.total_per_gpu < 80 * 2**30  # fits an 80 GB GPU with FSDP2 over 8
@@ -331,12 +330,10 @@ def test_memory_plan_of_a_full_size_deepseek_v3_layer():
 
 
 def test_memory_plan_command(tmp_path, capsys):
-    from pathlib import Path
-
     target = tmp_path / "v3"
     target.mkdir()
     (target / "config.json").write_text(
-        (Path(__file__).parent / "data" / "deepseek_v3_config.json").read_text())
+        (paths.DATA / "deepseek_v3_config.json").read_text())
     save_file({"model.embed_tokens.weight": torch.zeros(1)}, str(target / "model.safetensors"))
     assert cli.main([str(target), "--memory-plan", "--nproc", "8", "--sharding", "fsdp"]) == 0
     text = capsys.readouterr().out

@@ -3,11 +3,11 @@ whatever differs in a source, a flag or the compiler."""
 
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
+from support import paths
 
-CXX = Path(__file__).parent / "support" / "cxx" / "g++"
+CXX = paths.SUPPORT / "cxx" / "g++"
 SOURCE = 'extern "C" int answer() { return %d; }\n'
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/g++"), reason="needs g++")

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from support import paths
 from vllm_mtp_plugin.tools.engine.modes import EAGER_REASONS, eager_for, eager_serve_args
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = paths.REPO
 # The bench's --enforce-eager is a user's option: its flag, its handling and the test of the flag.
 USER_OPTION = {"vllm_mtp_plugin/tools/bench/cli.py", "vllm_mtp_plugin/tools/bench/serve_mode.py",
                "vllm_mtp_plugin/tools/bench/offline_mode.py", "tests/test_bench_e2e.py"}

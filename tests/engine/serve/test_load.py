@@ -8,14 +8,14 @@ checkpoint gives the reference tokens.
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
+from support import paths
 from vllm_mtp_plugin.tools.engine.modes import eager_serve_args
 from vllm_mtp_plugin.tools.engine.server import Server, start_all
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(paths.REPO / "benchmarks"))
 import loadtest  # noqa: E402  benchmarks/loadtest.py: the load test's mix and checks
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = paths.REPO
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import tables  # noqa: E402  (benchmarks/tables.py)
+from support import paths
 
 NUMBER = r"(?<![\w.\-/#])\d[\d,]*(?:\.\d+)?"
 UNIT = (r"(?:\s?×|x\b|\s?%|\s?(?:tok(?:ens)?/s|ms|s|min|minutes?|seconds?|hours?|"
