@@ -14,12 +14,8 @@ import torch
 from support.hardware import needs_cpu
 from support.drafters import (
     attach_target_parts,
-    build_drafter,
-    checkpoint_tensors,
     engine_config,
     process_loaded_drafter,
-    single_process_vllm,
-    tiny_v4_checkpoint,
     v4_kernels_missing,
 )
 
@@ -31,28 +27,10 @@ L, HC, H, EPS = 2, 4, 256, 1e-6
 
 
 @pytest.fixture(scope="module")
-def bf16_dir():
-    return tiny_v4_checkpoint("random", quantization=None)
-
-
-@pytest.fixture(scope="module")
-def tensors(bf16_dir):
-    return checkpoint_tensors(bf16_dir)
-
-
-@pytest.fixture(scope="module")
-def vllm_config(bf16_dir):
-    with single_process_vllm(engine_config(bf16_dir)) as config:
-        yield config
-
-
-@pytest.fixture(scope="module")
-def drafter(vllm_config, tensors):
-    model = build_drafter(vllm_config)
-    assert model.load_weights(tensors.items()) == {n for n, _ in model.named_parameters()}
-    process_loaded_drafter(model, vllm_config)
-    attach_target_parts(model, tensors)
-    return model
+def drafter(v4_drafter, v4_tensors):
+    """The shared bf16 drafter (``support/v4_fixtures.py``) with the target's parts attached."""
+    attach_target_parts(v4_drafter, v4_tensors)
+    return v4_drafter
 
 
 def inputs(tokens=6, seed=0):
@@ -87,48 +65,48 @@ def reference_logits(t, x):
     return rms(y, w("norm.weight")) @ t["head.weight"].float().T
 
 
-def test_input_fusion_matches_the_formula_in_bf16(drafter, tensors):
+def test_input_fusion_matches_the_formula_in_bf16(drafter, v4_tensors):
     ids, positions, hidden = inputs()
     layer = drafter.model.layer_for_step(0)
     fused = layer.fuse_inputs(positions, hidden, drafter.embed_input_ids(ids))
     assert fused.shape == (6, HC, H) and fused.dtype == torch.bfloat16
-    expected = reference_fusion(tensors, ids, positions, hidden)
+    expected = reference_fusion(v4_tensors, ids, positions, hidden)
     torch.testing.assert_close(fused.float(), expected, atol=0.05, rtol=0.02)
     # Position 0 gets no embedding term: its streams are h_proj(hnorm(h)) alone.
-    h_only = rms(hidden.float().view(-1, HC, H)[0], tensors["mtp.0.hnorm.weight"]) @ \
-        tensors["mtp.0.h_proj.weight"].float().T
+    h_only = rms(hidden.float().view(-1, HC, H)[0], v4_tensors["mtp.0.hnorm.weight"]) @ \
+        v4_tensors["mtp.0.h_proj.weight"].float().T
     torch.testing.assert_close(fused[0].float(), h_only, atol=0.05, rtol=0.02)
 
 
-def test_input_fusion_matches_the_formula_in_fp32(vllm_config, bf16_dir, tensors):
+def test_input_fusion_matches_the_formula_in_fp32(v4_config, v4_bf16_dir, v4_tensors):
     """The same layer built in fp32 (the V4 block itself only runs in bf16 on CPU)."""
     from vllm.config import set_current_vllm_config
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     from vllm_mtp_plugin.models.v4 import DeepSeekV4MTP
 
-    config32 = engine_config(bf16_dir)
+    config32 = engine_config(v4_bf16_dir)
     config32.model_config.dtype = torch.float32
     with set_current_vllm_config(config32), set_default_torch_dtype(torch.float32):
         model = DeepSeekV4MTP(vllm_config=config32, prefix="")
-        model.load_weights(tensors.items())
+        model.load_weights(v4_tensors.items())
         process_loaded_drafter(model, config32)
         layer = model.model.layer_for_step(0)
         ids, positions, hidden = inputs()
-        embeds = tensors["embed.weight"].float()[ids]
+        embeds = v4_tensors["embed.weight"].float()[ids]
         fused = layer.fuse_inputs(positions, hidden.float(), embeds)
     assert fused.dtype == torch.float32
-    torch.testing.assert_close(fused, reference_fusion(tensors, ids, positions, hidden),
+    torch.testing.assert_close(fused, reference_fusion(v4_tensors, ids, positions, hidden),
                                atol=1e-4, rtol=1e-4)
 
 
 @needs_cpu(AVX512_BF16, part="vLLM's CPU V4 block (its kernels are in _C)")
-def test_forward_is_fusion_then_vllms_block_flattened_and_feeds_back(drafter, vllm_config):
+def test_forward_is_fusion_then_vllms_block_flattened_and_feeds_back(drafter, v4_config):
     from vllm.forward_context import set_forward_context
 
     ids, positions, hidden = inputs()
     layer = drafter.model.layer_for_step(0)
-    with set_forward_context(None, vllm_config):
+    with set_forward_context(None, v4_config):
         out = drafter(input_ids=ids, positions=positions, hidden_states=hidden)
         x = layer.fuse_inputs(positions, hidden, drafter.embed_input_ids(ids))
         y, residual, post, comb = layer.mtp_block(x=x, positions=positions, input_ids=None)
@@ -143,14 +121,14 @@ def test_forward_is_fusion_then_vllms_block_flattened_and_feeds_back(drafter, vl
     assert not torch.equal(again, out)
 
 
-def test_compute_logits_is_hc_head_norm_and_the_targets_head(drafter, tensors):
+def test_compute_logits_is_hc_head_norm_and_the_targets_head(drafter, v4_tensors):
     _, _, hidden = inputs(seed=1)
     layer = drafter.model.layer_for_step(0)
     if not v4_kernels_missing():
         assert layer.hc_head._forward_method == layer.hc_head.forward_cpu  # vLLM's CPU kernel
     logits = drafter.compute_logits(hidden)
     assert logits.shape == (6, 2048)
-    expected = reference_logits(tensors, hidden)
+    expected = reference_logits(v4_tensors, hidden)
     torch.testing.assert_close(logits.float(), expected, atol=0.05, rtol=0.05)
     assert torch.equal(logits.argmax(-1), expected.argmax(-1))
 
@@ -171,7 +149,7 @@ def swapped_norms_map(weight_map):
     return dataclasses.replace(weight_map, prefix_rules=(*swap, *weight_map.prefix_rules))
 
 
-def reload(drafter, tensors, names, weight_map=None):
+def reload(drafter, v4_tensors, names, weight_map=None):
     """Load ``names`` again (a partial load, as vLLM's weight sync does) through ``weight_map``."""
     from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
 
@@ -179,22 +157,22 @@ def reload(drafter, tensors, names, weight_map=None):
 
     layer = drafter.model.layer_for_step(0)
     with disable_mtp_completeness_check():
-        load_mtp_weights(weight_map or drafter.weight_map(), [(n, tensors[n]) for n in names],
+        load_mtp_weights(weight_map or drafter.weight_map(), [(n, v4_tensors[n]) for n in names],
                          dict(drafter.named_parameters()), list(drafter.model.layer_indices()),
                          num_experts=64)
     return layer
 
 
-def test_the_tiny_checkpoints_norms_and_hc_head_are_not_trivial(tensors):
+def test_the_tiny_checkpoints_norms_and_hc_head_are_not_trivial(v4_tensors):
     for name in ("norm.weight", "mtp.0.enorm.weight", "mtp.0.hnorm.weight", "mtp.0.norm.weight",
                  "mtp.0.attn_norm.weight", "mtp.0.ffn_norm.weight", "layers.0.attn_norm.weight"):
-        assert tensors[name].float().std() > 0.2, name  # uniform in [0.5, 1.5]
-    assert not torch.equal(tensors["mtp.0.enorm.weight"], tensors["mtp.0.hnorm.weight"])
-    assert tensors["mtp.0.hc_head_base"].abs().mean() > 0.3
-    assert not torch.equal(tensors["mtp.0.hc_head_fn"], tensors["hc_head_fn"])
+        assert v4_tensors[name].float().std() > 0.2, name  # uniform in [0.5, 1.5]
+    assert not torch.equal(v4_tensors["mtp.0.enorm.weight"], v4_tensors["mtp.0.hnorm.weight"])
+    assert v4_tensors["mtp.0.hc_head_base"].abs().mean() > 0.3
+    assert not torch.equal(v4_tensors["mtp.0.hc_head_fn"], v4_tensors["hc_head_fn"])
 
 
-def test_swapped_enorm_hnorm_mapping_changes_the_drafters_output(drafter, tensors):
+def test_swapped_enorm_hnorm_mapping_changes_the_drafters_output(drafter, v4_tensors):
     norms = ["mtp.0.enorm.weight", "mtp.0.hnorm.weight"]
     ids, positions, hidden = inputs(seed=2)
     embeds = drafter.embed_input_ids(ids)
@@ -202,27 +180,27 @@ def test_swapped_enorm_hnorm_mapping_changes_the_drafters_output(drafter, tensor
     right = layer.fuse_inputs(positions, hidden, embeds)
     right_tokens = drafter.compute_logits(right.flatten(1)).argmax(-1)
     try:
-        reload(drafter, tensors, norms, swapped_norms_map(drafter.weight_map()))
-        assert torch.equal(layer.enorm.weight, tensors["mtp.0.hnorm.weight"])
+        reload(drafter, v4_tensors, norms, swapped_norms_map(drafter.weight_map()))
+        assert torch.equal(layer.enorm.weight, v4_tensors["mtp.0.hnorm.weight"])
         wrong = layer.fuse_inputs(positions, hidden, embeds)
         wrong_tokens = drafter.compute_logits(wrong.flatten(1)).argmax(-1)
     finally:
-        reload(drafter, tensors, norms)
+        reload(drafter, v4_tensors, norms)
     assert torch.equal(layer.fuse_inputs(positions, hidden, embeds), right)  # restored
     assert (wrong.float() - right.float()).abs().mean() > 0.1 * right.float().abs().mean()
     assert (wrong_tokens != right_tokens).sum() >= 3  # of 6 drafted tokens
 
 
-def test_the_targets_hc_head_loaded_as_the_drafters_changes_the_logits(drafter, tensors):
+def test_the_targets_hc_head_loaded_as_the_drafters_changes_the_logits(drafter, v4_tensors):
     """A mapping that takes the top-level ``hc_head_*`` (the target's) for ``mtp.0.hc_head_*``."""
     own = ["mtp.0.hc_head_fn", "mtp.0.hc_head_base", "mtp.0.hc_head_scale"]
     _, _, hidden = inputs(seed=3)
     right = drafter.compute_logits(hidden)
-    target_as_own = {n: tensors[n.removeprefix("mtp.0.")] for n in own}
+    target_as_own = {n: v4_tensors[n.removeprefix("mtp.0.")] for n in own}
     try:
         reload(drafter, target_as_own, own)
         wrong = drafter.compute_logits(hidden)
     finally:
-        reload(drafter, tensors, own)
+        reload(drafter, v4_tensors, own)
     assert torch.equal(drafter.compute_logits(hidden), right)
     assert (wrong.argmax(-1) != right.argmax(-1)).sum() >= 3

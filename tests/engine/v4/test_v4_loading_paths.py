@@ -17,10 +17,6 @@ from support.tp_groups import tp_rank_functions
 from support.drafters import (
     build_drafter,
     checkpoint_tensors,
-    engine_config,
-    process_loaded_drafter,
-    single_process_vllm,
-    tiny_v4_checkpoint,
 )
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
@@ -28,28 +24,8 @@ pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine ma
 HC, H = 4, 256
 
 
-@pytest.fixture(scope="module")
-def bf16_dir():
-    return tiny_v4_checkpoint("random", quantization=None)
-
-
-@pytest.fixture(scope="module")
-def vllm_config(bf16_dir):
-    with single_process_vllm(engine_config(bf16_dir)) as config:
-        yield config
-
-
-@pytest.fixture(scope="module")
-def drafter(vllm_config, bf16_dir):
-    """Loaded and processed for CPU kernels, as vLLM's loader leaves it."""
-    model = build_drafter(vllm_config)
-    model.load_weights(checkpoint_tensors(bf16_dir).items())
-    process_loaded_drafter(model, vllm_config)
-    return model
-
-
-def test_only_the_mtp_tensors_are_used(drafter):
-    unused = drafter.is_unused_checkpoint_weight
+def test_only_the_mtp_tensors_are_used(v4_drafter):
+    unused = v4_drafter.is_unused_checkpoint_weight
     assert not unused("mtp.0.enorm.weight") and not unused("mtp.0.ffn.experts.7.w2.scale")
     for name in ("embed.weight", "head.weight", "norm.weight", "hc_head_fn",
                  "layers.0.attn.wq_a.weight", "layers.1.ffn.experts.3.w1.weight",
@@ -58,18 +34,18 @@ def test_only_the_mtp_tensors_are_used(drafter):
 
 
 def test_vllms_loader_skips_the_targets_shards_and_the_rest_loads_completely(
-        vllm_config, bf16_dir, tmp_path):
+        v4_config, v4_bf16_dir, tmp_path):
     from safetensors.torch import save_file
     from vllm.model_executor.model_loader.weight_utils import (
         filter_safetensors_files_by_weight_name,
         safetensors_weights_iterator,
     )
 
-    tensors = checkpoint_tensors(bf16_dir)
+    tensors = checkpoint_tensors(v4_bf16_dir)
     target, mtp = (tmp_path / f"model-0000{i}-of-00002.safetensors" for i in (1, 2))
     save_file({n: t for n, t in tensors.items() if not n.startswith("mtp.")}, str(target))
     save_file({n: t for n, t in tensors.items() if n.startswith("mtp.")}, str(mtp))
-    drafter = build_drafter(vllm_config)
+    drafter = build_drafter(v4_config)
     kept = filter_safetensors_files_by_weight_name([str(target), str(mtp)],
                                                    drafter.is_unused_checkpoint_weight)
     assert kept == [str(mtp)]
@@ -88,11 +64,11 @@ def test_vllms_v4_drafter_shards_its_inputs_before_the_projections():
     assert order == sorted(order)
 
 
-def test_sequence_parallel_rank_projects_only_its_token_shard(drafter, vllm_config, monkeypatch):
+def test_sequence_parallel_rank_projects_only_its_token_shard(v4_drafter, v4_config, monkeypatch):
     import vllm.models.common.ops.sequence_parallel as sp
     from vllm.forward_context import get_forward_context, set_forward_context
 
-    layer = drafter.model.layer_for_step(0)
+    layer = v4_drafter.model.layer_for_step(0)
     g = torch.Generator().manual_seed(0)
     positions = torch.arange(3)
     hidden = torch.randn(3, HC * H, generator=g).to(torch.bfloat16)
@@ -111,7 +87,7 @@ def test_sequence_parallel_rank_projects_only_its_token_shard(drafter, vllm_conf
     tp_rank_functions(monkeypatch, sp, world_size=2, rank=1)
     monkeypatch.setattr(layer.mtp_block, "use_sequence_parallel", True, raising=False)
     try:
-        with set_forward_context(None, vllm_config):
+        with set_forward_context(None, v4_config):
             shard = layer.fuse_inputs(positions, hidden, embeds)
             is_padding = get_forward_context().is_padding
     finally:

@@ -12,8 +12,6 @@ import torch
 from support.drafters import (
     build_drafter,
     checkpoint_tensors,
-    engine_config,
-    single_process_vllm,
     tiny_v4_checkpoint,
 )
 
@@ -24,20 +22,9 @@ pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine ma
 L = 2  # the tiny target has 2 layers: mtp.0 is layer 2
 
 
-@pytest.fixture(scope="module")
-def fp8_dir():
-    return tiny_v4_checkpoint("random")
-
-
-@pytest.fixture(scope="module")
-def vllm_config(fp8_dir):
-    with single_process_vllm(engine_config(fp8_dir)) as config:
-        yield config
-
-
 @pytest.fixture
-def drafter(vllm_config):
-    return build_drafter(vllm_config, quantized=True)
+def drafter(v4_fp8_config):
+    return build_drafter(v4_fp8_config, quantized=True)
 
 
 def expected_parameters(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -85,8 +72,8 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().view(torch.uint8).flatten()
 
 
-def test_full_fp8_checkpoint_loads_every_parameter_byte_for_byte(drafter, fp8_dir):
-    tensors = checkpoint_tensors(fp8_dir)
+def test_full_fp8_checkpoint_loads_every_parameter_byte_for_byte(drafter, v4_fp8_dir):
+    tensors = checkpoint_tensors(v4_fp8_dir)
     loaded = drafter.load_weights(tensors.items())
     params = dict(drafter.named_parameters())
     expected = expected_parameters(tensors)
@@ -104,8 +91,8 @@ def test_full_fp8_checkpoint_loads_every_parameter_byte_for_byte(drafter, fp8_di
     assert numeric.max() == 0
 
 
-def test_drafter_allocates_no_vocab_sized_matrix_and_skips_checkpoint_copies(drafter, fp8_dir):
-    tensors = checkpoint_tensors(fp8_dir)
+def test_drafter_allocates_no_vocab_sized_matrix_and_skips_checkpoint_copies(drafter, v4_fp8_dir):
+    tensors = checkpoint_tensors(v4_fp8_dir)
     vocab, hidden = tensors["embed.weight"].shape
     # Some exports also keep copies of the target's embedding and head under mtp.0.
     with_copies = {**tensors, "mtp.0.emb.tok_emb.weight": tensors["embed.weight"],
@@ -115,8 +102,8 @@ def test_drafter_allocates_no_vocab_sized_matrix_and_skips_checkpoint_copies(dra
     assert not [n for n, p in drafter.named_parameters() if tuple(p.shape[-2:]) == (vocab, hidden)]
 
 
-def test_checkpoint_without_mtp_tensors_says_so(drafter, fp8_dir):
-    tensors = checkpoint_tensors(fp8_dir)
+def test_checkpoint_without_mtp_tensors_says_so(drafter, v4_fp8_dir):
+    tensors = checkpoint_tensors(v4_fp8_dir)
     target_only = {n: t for n, t in tensors.items() if not n.startswith("mtp.")}
     with pytest.raises(CheckpointError) as err:
         drafter.load_weights(target_only.items())
@@ -136,19 +123,19 @@ def test_dspark_drafter_under_mtp_points_to_the_dspark_method(drafter):
     assert "--speculative-config '{\"method\": \"dspark\", ...}'" in message
 
 
-def test_wrong_shape_names_tensor_parameter_and_both_shapes(drafter, fp8_dir):
-    tensors = checkpoint_tensors(fp8_dir)
+def test_wrong_shape_names_tensor_parameter_and_both_shapes(drafter, v4_fp8_dir):
+    tensors = checkpoint_tensors(v4_fp8_dir)
     tensors["mtp.0.h_proj.weight"] = torch.zeros(256, 384, dtype=torch.float8_e4m3fn)
     with pytest.raises(CheckpointError) as err:
         drafter.load_weights(tensors.items())
     message = str(err.value)
     assert "tensor 'mtp.0.h_proj.weight' has shape [256, 384]" in message
     assert f"parameter 'model.layers.{L}.h_proj.weight' expects [256, 256]" in message
-    assert message.startswith(str(fp8_dir / "model.safetensors"))
+    assert message.startswith(str(v4_fp8_dir / "model.safetensors"))
 
 
-def test_missing_tensor_is_named_by_its_checkpoint_name(drafter, fp8_dir):
-    tensors = checkpoint_tensors(fp8_dir)
+def test_missing_tensor_is_named_by_its_checkpoint_name(drafter, v4_fp8_dir):
+    tensors = checkpoint_tensors(v4_fp8_dir)
     del tensors["mtp.0.attn.wo_b.scale"], tensors["mtp.0.ffn.experts.5.w3.weight"]
     with pytest.raises(CheckpointError) as err:
         drafter.load_weights(tensors.items())

@@ -28,10 +28,8 @@ import torch
 from support.tp_groups import fake_tp, tp_rank_functions
 from support.drafters import (
     build_drafter,
-    checkpoint_tensors,
     engine_config,
     single_process_vllm,
-    tiny_v4_checkpoint,
 )
 
 pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
@@ -48,18 +46,8 @@ HOPPER_FP8_EINSUM_RECIPE = ((1, 128, 128), False)  # what compute_fp8_einsum_rec
 
 
 @pytest.fixture(scope="module")
-def checkpoint():
-    return tiny_v4_checkpoint("random", quantization=None)
-
-
-@pytest.fixture(scope="module")
-def tensors(checkpoint):
-    return checkpoint_tensors(checkpoint)
-
-
-@pytest.fixture(scope="module")
-def tp2_config(checkpoint):
-    with single_process_vllm(engine_config(checkpoint)) as config:
+def tp2_config(v4_bf16_dir):
+    with single_process_vllm(engine_config(v4_bf16_dir)) as config:
         config.parallel_config.tensor_parallel_size = TP
         yield config
 
@@ -96,9 +84,10 @@ def load_in_tree(config, tensors, rank: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def ranks(tp2_config, tensors):
+def ranks(tp2_config, v4_tensors):
     """``{rank: (our parameters, vLLM's parameters)}`` for both ranks of TP = 2."""
-    return {rank: (load_ours(tp2_config, tensors, rank), load_in_tree(tp2_config, tensors, rank))
+    return {rank: (load_ours(tp2_config, v4_tensors, rank),
+                   load_in_tree(tp2_config, v4_tensors, rank))
             for rank in range(TP)}
 
 
@@ -134,9 +123,9 @@ def test_each_rank_holds_exactly_vllms_shards(ranks, rank):
 
 
 @pytest.mark.parametrize("rank", range(TP))
-def test_sink_holds_this_ranks_heads(ranks, tensors, rank):
+def test_sink_holds_this_ranks_heads(ranks, v4_tensors, rank):
     ours, theirs = ranks[rank]
-    heads = tensors["mtp.0.attn.attn_sink"][rank * 2:rank * 2 + 2]
+    heads = v4_tensors["mtp.0.attn.attn_sink"][rank * 2:rank * 2 + 2]
     assert torch.equal(ours[SINK], heads)
     assert torch.equal(theirs[SINK][:2], heads) and theirs[SINK].shape == (64,)
 
@@ -196,19 +185,19 @@ def reassemble(name: str, r0: torch.Tensor, r1: torch.Tensor) -> torch.Tensor:
     return r0
 
 
-def test_both_ranks_together_hold_the_whole_checkpoint(ranks, tensors):
+def test_both_ranks_together_hold_the_whole_checkpoint(ranks, v4_tensors):
     (ours0, _), (ours1, _) = ranks[0], ranks[1]
-    expected = checkpoint_parameters(tensors)
+    expected = checkpoint_parameters(v4_tensors)
     assert set(expected) == set(ours0) == set(ours1)
     for name, value in expected.items():
         full = reassemble(name, ours0[name], ours1[name])
         assert full.shape == value.shape and torch.equal(full, value.to(full.dtype)), name
 
 
-def test_rank0_sink_on_rank1_is_caught(tp2_config, tensors, ranks):
+def test_rank0_sink_on_rank1_is_caught(tp2_config, v4_tensors, ranks):
     """A loader that narrows the sink with the wrong rank: every check above names the sink."""
-    faulty = load_ours(tp2_config, tensors, rank=1, sink_rank=0)
+    faulty = load_ours(tp2_config, v4_tensors, rank=1, sink_rank=0)
     assert mismatches(faulty, ranks[1][1]) == [SINK]
-    assert torch.equal(faulty[SINK], tensors["mtp.0.attn.attn_sink"][:2])
+    assert torch.equal(faulty[SINK], v4_tensors["mtp.0.attn.attn_sink"][:2])
     assert not torch.equal(reassemble(SINK, ranks[0][0][SINK], faulty[SINK]),
-                           tensors["mtp.0.attn.attn_sink"])
+                           v4_tensors["mtp.0.attn.attn_sink"])
