@@ -7,6 +7,7 @@ import sys
 from importlib.metadata import entry_points
 
 import pytest
+from support import paths
 from support.logs import plugin_log
 
 import vllm_mtp_plugin
@@ -34,7 +35,6 @@ def test_register_is_idempotent_lazy_and_logs_once():
 import logging, sys
 sys.path.insert(0, {str(TESTS)!r})
 from support.logs import plugin_log
-from support import paths
 import vllm_mtp_plugin
 from vllm import ModelRegistry
 with plugin_log(logging.INFO) as records:

@@ -17,12 +17,12 @@ import re
 import sys
 
 import pytest
+from support import paths
 
 ROOT = paths.REPO
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import tables  # noqa: E402  (benchmarks/tables.py)
-from support import paths
 
 NUMBER = r"(?<![\w.\-/#])\d[\d,]*(?:\.\d+)?"
 UNIT = (r"(?:\s?×|x\b|\s?%|\s?(?:tok(?:ens)?/s|ms|s|min|minutes?|seconds?|hours?|"
