@@ -16,10 +16,12 @@ ALPHA = 0.001 false alarms per comparison together):
 * all tokens: a chi-square test of homogeneity, tokens with fewer than 5 expected draws in the
   smaller sample pooled.
 
-How much each detects (``required_samples``, ``detectable_shift``; asserted by
+How much each detects (``required_samples``, ``detectable_shift`` in
+``support/sampling_statistics.py``; asserted by
 ``test_sample_sizes_give_the_stated_detectable_shift``, checked by simulation in
-``test_a_shift_of_the_stated_size_is_detected``, and on V1's own samples: with the MTP arm's most
-likely token raised by 5 points, ``shifted``, every V1 comparison fails):
+``test_a_shift_of_the_stated_size_is_detected``, both in
+``tests/unit/suite/test_sampling_statistics.py``, and here on V1's own samples: with the MTP
+arm's most likely token raised by 5 points, ``shifted``, every V1 comparison fails):
 
 * V1, 4,600 samples per setting in each arm: a shift of the most likely token's probability by
   5 percentage points, up or down, whatever that probability, fails the comparison with power
@@ -46,29 +48,14 @@ the chi-square's alone stayed above ALPHA / 2 in 5 of them.
 
 import collections
 import functools
-import math
-import random
-from statistics import NormalDist
 
 import pytest
-from scipy.stats import chi2_contingency
+from support.sampling_statistics import SAMPLES, SHIFT, differs, shifted
 
-from vllm_mtp_plugin.patches.cpu_expand_kernel import cpu_expand_kernel
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
 
-# Tests that start vLLM carry the engine marker (tests/conftest.py); the statistics' own tests run
-# without an engine, in the quick run.
-NORMAL = NormalDist()
+pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine marker)
 
-# False alarms per comparison (one setting, one position), both statistics together.
-ALPHA = 1e-3
-# The power each comparison has against SHIFT: a change of the most likely token's probability.
-POWER = 0.9
-SHIFT = 0.05
-# Seeded requests per setting and arm (module docstring: how these sizes were computed).
-SAMPLES = {"v1": 4600, "v2": 200}
-# The shift V2's comparisons detect with POWER, to a point (asserted from the sizes above).
-V2_DETECTABLE_SHIFT = 0.17
 # Request i of a run gets seed base + i; the arms' seeds differ so that their samples are
 # independent (the statistics assume it).
 REFERENCE_SEED, MTP_SEED = 1000, 1_000_000
@@ -79,185 +66,6 @@ POSITIONS = (1, 2)  # the 2nd and 3rd generated tokens
 SETTINGS = {"v1": ({"temperature": 1.0, "top_k": 4}, {"temperature": 1.0, "top_p": 0.003},
                    {"temperature": 0.1}),
             "v2": ({"temperature": 0.1},)}
-
-
-# ----------------------------------------------------------------------------------- statistics
-
-
-def _pooled_table(counts_a: collections.Counter, counts_b: collections.Counter) -> list[list[int]]:
-    """Two rows of counts, one column per token with 5 or more expected draws in the smaller
-    sample, the others pooled into a last column."""
-    n_a, n_b = sum(counts_a.values()), sum(counts_b.values())
-    share = min(n_a, n_b) / (n_a + n_b)
-    rows, pooled = [[], []], [0, 0]
-    for token in sorted(set(counts_a) | set(counts_b)):
-        if (counts_a[token] + counts_b[token]) * share < 5:
-            pooled[0] += counts_a[token]
-            pooled[1] += counts_b[token]
-            continue
-        rows[0].append(counts_a[token])
-        rows[1].append(counts_b[token])
-    if not rows[0]:
-        raise AssertionError("no token has 5 expected draws in each sample: too spread for a test "
-                             "with power")
-    if sum(pooled):
-        rows[0].append(pooled[0])
-        rows[1].append(pooled[1])
-    return rows
-
-
-def chi_square_p_value(counts_a: collections.Counter, counts_b: collections.Counter) -> float:
-    rows = _pooled_table(counts_a, counts_b)
-    if len(rows[0]) < 2:  # one token only: both samples drew it every time
-        return 1.0
-    return float(chi2_contingency(rows).pvalue)
-
-
-def homogeneity_p_value(a: list[int], b: list[int]) -> float:
-    """Chi-square test of homogeneity of two samples of token ids (tokens pooled as above)."""
-    return chi_square_p_value(collections.Counter(a), collections.Counter(b))
-
-
-def top_token_p_value(counts_a: collections.Counter, counts_b: collections.Counter) -> float:
-    """Two-sided p-value of the two-proportion z-test (pooled variance) on the frequency of the
-    token most drawn in both samples together."""
-    n_a, n_b = sum(counts_a.values()), sum(counts_b.values())
-    token = (counts_a + counts_b).most_common(1)[0][0]
-    pooled = (counts_a[token] + counts_b[token]) / (n_a + n_b)
-    se = math.sqrt(pooled * (1 - pooled) * (1 / n_a + 1 / n_b))
-    if se == 0:  # both samples drew only that token
-        return 1.0
-    z = (counts_a[token] / n_a - counts_b[token] / n_b) / se
-    return 2 * NORMAL.cdf(-abs(z))
-
-
-def differs(a: list[int], b: list[int]) -> tuple[bool, str]:
-    """The comparison of one setting and position: (failed, the two p-values)."""
-    return counts_differ(collections.Counter(a), collections.Counter(b))
-
-
-def counts_differ(counts_a: collections.Counter, counts_b: collections.Counter) -> tuple[bool, str]:
-    top, chi2 = top_token_p_value(counts_a, counts_b), chi_square_p_value(counts_a, counts_b)
-    return min(top, chi2) < ALPHA / 2, f"p = {top:.2g} (most likely token), {chi2:.2g} (chi-square)"
-
-
-def top_token_power(n_a: int, n_b: int, p: float, shift: float, alpha: float = ALPHA / 2) -> float:
-    """Power of the two-proportion z-test at two-sided level ``alpha`` when the token's
-    probability is ``p`` in sample a and ``p + shift`` in sample b (normal approximation)."""
-    p_b = p + shift
-    pooled = (n_a * p + n_b * p_b) / (n_a + n_b)
-    se_null = math.sqrt(pooled * (1 - pooled) * (1 / n_a + 1 / n_b))
-    se = math.sqrt(p * (1 - p) / n_a + p_b * (1 - p_b) / n_b)
-    z = NORMAL.inv_cdf(1 - alpha / 2)
-    return (NORMAL.cdf((abs(shift) - z * se_null) / se)
-            + NORMAL.cdf((-abs(shift) - z * se_null) / se))
-
-
-def worst_case_power(n_a: int, n_b: int, shift: float, alpha: float = ALPHA / 2) -> float:
-    """The least power over the token's probability (steps of 0.001) and the shift's direction."""
-    grid = [i / 1000 for i in range(1, 1000)]
-    return min(min(top_token_power(n_a, n_b, p, shift, alpha),
-                   top_token_power(n_b, n_a, p, shift, alpha))
-               for p in grid if p + shift < 1)
-
-
-def required_samples(shift: float = SHIFT, alpha: float = ALPHA / 2, power: float = POWER) -> int:
-    """Samples per arm (equal arms) for ``power`` against ``shift`` at the worst probability
-    (p1 and p2 around 0.5): the closed form of the module docstring."""
-    p1, p2 = 0.5 - shift / 2, 0.5 + shift / 2
-    root = (NORMAL.inv_cdf(1 - alpha / 2) * math.sqrt(2 * 0.25)
-            + NORMAL.inv_cdf(power) * math.sqrt(p1 * (1 - p1) + p2 * (1 - p2)))
-    return math.ceil(root ** 2 / shift ** 2)
-
-
-def detectable_shift(n_a: int, n_b: int, alpha: float = ALPHA / 2, power: float = POWER) -> float:
-    """The smallest shift of the most likely token's probability detected with ``power`` at the
-    worst probability (to 0.0001)."""
-    low, high = 0.0, 1.0
-    while high - low > 1e-4:
-        middle = (low + high) / 2
-        if worst_case_power(n_a, n_b, middle, alpha) >= power:
-            high = middle
-        else:
-            low = middle
-    return high
-
-
-def shifted(tokens: list[int], shift: float, seed: int) -> list[int]:
-    """``tokens`` with the most frequent one's probability raised by ``shift``: each other token
-    replaced by it with probability shift / (1 - its frequency) (a fault for the statistics)."""
-    top, count = collections.Counter(tokens).most_common(1)[0]
-    rng = random.Random(seed)
-    chance = shift / (1 - count / len(tokens))
-    return [top if t != top and rng.random() < chance else t for t in tokens]
-
-
-def test_sample_sizes_give_the_stated_detectable_shift():
-    """The sizes of the module docstring: 4,533 samples per arm detect a 5-point shift with power
-    0.9 at level 0.0005 (each statistic's half of ALPHA); V1's 4,600 do, V2's 200 against 4,600
-    detect 17 points; the old 200 per arm only 24 (400: 17, both at ALPHA)."""
-    assert required_samples() == 4533
-    assert SAMPLES["v1"] >= required_samples()
-    assert worst_case_power(SAMPLES["v1"], SAMPLES["v1"], SHIFT) >= POWER
-    assert worst_case_power(SAMPLES["v1"] - 100, SAMPLES["v1"] - 100, SHIFT) < POWER
-    assert detectable_shift(SAMPLES["v1"], SAMPLES["v1"]) <= SHIFT
-    assert round(detectable_shift(SAMPLES["v2"], SAMPLES["v1"]), 2) == V2_DETECTABLE_SHIFT
-    assert detectable_shift(200, 200) > 0.23 and detectable_shift(400, 400, ALPHA) > 0.16
-
-
-def _rejections(rng, n_a: int, n_b: int, probs_a: list[float], probs_b: list[float],
-                replicates: int) -> float:
-    """Share of ``replicates`` pairs of multinomial samples that the comparison fails."""
-    failed = 0
-    for _ in range(replicates):
-        counts = [collections.Counter({token: int(c) for token, c
-                                       in enumerate(rng.multinomial(n, probs)) if c})
-                  for n, probs in ((n_a, probs_a), (n_b, probs_b))]
-        failed += counts_differ(*counts)[0]
-    return failed / replicates
-
-
-def _distribution(top: float, tail: int) -> list[float]:
-    return [top] + [(1 - top) / tail] * tail
-
-
-def _top_shifted(probs: list[float], shift: float) -> list[float]:
-    """The most likely token's probability moved by ``shift``, the others scaled to make room."""
-    rest = (1 - probs[0] - shift) / (1 - probs[0])
-    return [probs[0] + shift] + [p * rest for p in probs[1:]]
-
-
-def test_a_shift_of_the_stated_size_is_detected():
-    """The comparison at the chosen sizes, on simulated samples (no engine): a 5-point shift of
-    the most likely token's probability fails it about as often as ``top_token_power`` says (0.91
-    at the worst probability, 0.5; also at a measured shape: 0.17 then ~1,700 tokens), in both
-    directions; the same distribution in both arms fails it at most at ALPHA; V2's sizes detect
-    their 17 points."""
-    import numpy
-
-    rng = numpy.random.default_rng(51)
-    n = SAMPLES["v1"]
-    worst = _distribution(0.5, 50)
-    for shift in (SHIFT, -SHIFT):
-        rate = _rejections(rng, n, n, worst, _top_shifted(worst, shift), 400)
-        assert rate >= 0.85 and abs(rate - top_token_power(n, n, 0.5, shift)) < 0.05, (shift, rate)
-    measured = _distribution(0.17, 1700)
-    assert top_token_power(n, n, 0.17, SHIFT) > 0.99
-    assert _rejections(rng, n, n, measured, _top_shifted(measured, SHIFT), 100) >= 0.97
-    false_alarms = round(1000 * (_rejections(rng, n, n, worst, worst, 1000)
-                                 + _rejections(rng, n, n, measured, measured, 1000)))
-    assert false_alarms <= 8  # 2,000 comparisons at ALPHA: 2 expected, 9 or more once in 4,000
-    rate = _rejections(rng, SAMPLES["v2"], n, worst, _top_shifted(worst, V2_DETECTABLE_SHIFT), 400)
-    assert rate >= 0.85, rate
-
-
-def test_the_test_detects_a_different_distribution():
-    """The statistics reject what the CPU bug produced (measured: token 1287 in 398/400 samples
-    without MTP, 19-26/400 with it) and accept two samples of one distribution."""
-    assert homogeneity_p_value([1287] * 398 + [5, 6], [1287] * 26 + [1562] * 360 + [7] * 14) < ALPHA
-    assert differs([1287] * 398 + [5, 6], [1287] * 26 + [1562] * 360 + [7] * 14)[0]
-    a = [t % 7 for t in range(400)]
-    assert homogeneity_p_value(a, list(reversed(a))) > 0.5 and not differs(a, list(reversed(a)))[0]
 
 
 # ------------------------------------------------------------------------------------- engines
@@ -312,7 +120,6 @@ def sample(checkpoints):
     return run
 
 
-@pytest.mark.engine
 @pytest.mark.parametrize("runner", ["v1", "v2"])
 def test_mtp_samples_from_the_same_distribution(sample, runner):
     """With MTP (k = 2, the random checkpoint's drafts) against V1's k = 0 of the same setting;
@@ -327,19 +134,6 @@ def test_mtp_samples_from_the_same_distribution(sample, runner):
     if runner == "v1":
         faulty = comparison_failures(reference, SETTINGS["v1"], with_mtp, SETTINGS[runner], SHIFT)
         assert len(faulty) == len(SETTINGS["v1"]) * len(POSITIONS), faulty
-
-
-def test_cpu_expand_kernel_fills_every_dtype_like_vllms_triton_kernel():
-    import torch
-
-    cu = torch.tensor([2, 5, 6], dtype=torch.int32)
-    for dtype in (torch.float32, torch.int32, torch.int64):
-        output = torch.full((6,), -7, dtype=dtype)
-        cpu_expand_kernel(output, torch.tensor([3, -1, 5], dtype=dtype), cu, -1, 1)
-        assert output.tolist() == [3, 3, 1, 1, 1, 5], dtype
-    temperatures = torch.empty(4, dtype=torch.float32)
-    cpu_expand_kernel(temperatures, torch.tensor([0.7, 1.3]), torch.tensor([1, 4]), -1, 1)
-    assert temperatures.tolist() == pytest.approx([0.7, 1.3, 1.3, 1.3])
 
 
 # ------------------------------------------------------------ speculative_config sampling modes
@@ -397,7 +191,6 @@ def distribution_failures(reference: dict, with_mtp: dict, runner: str,
                                shift)
 
 
-@pytest.mark.engine
 def test_probabilistic_drafts_on_v1_are_lossless_and_equal_in_tree(mode_sample):
     """V1, draft_sample_method "probabilistic": the distribution of k = 0 (and a 5-point shift of
     the most likely token would have failed every comparison), vLLM's class gives the same tokens
@@ -416,7 +209,6 @@ def test_probabilistic_drafts_on_v1_are_lossless_and_equal_in_tree(mode_sample):
                                                               plugin["spec_decode"])
 
 
-@pytest.mark.engine
 def test_block_verification_on_v2_is_lossless(mode_sample, tmp_path):
     """Model Runner V2 (harness), rejection_sample_method "block": the distribution of V1's k = 0,
     no warning that block is ignored (V2 has it), and vLLM's class gives the same tokens and
@@ -431,7 +223,6 @@ def test_block_verification_on_v2_is_lossless(mode_sample, tmp_path):
     assert distribution_failures(mode_sample(0, "v1"), with_mtp, "v2") == []
 
 
-@pytest.mark.engine
 def test_probabilistic_drafts_on_v2_are_lossless_alone_and_with_block(mode_sample):
     """Model Runner V2 (harness), draft_sample_method "probabilistic", alone and with block
     verification: the distribution of V1's k = 0, the mode applied (first-draft acceptance above
@@ -451,7 +242,6 @@ def test_probabilistic_drafts_on_v2_are_lossless_alone_and_with_block(mode_sampl
     assert distribution_failures(reference, both, "v2") == []
 
 
-@pytest.mark.engine
 def test_block_on_v1_is_announced_and_verifies_like_standard_with_greedy_drafts(mode_sample,
                                                                               tmp_path):
     """On V1 the drafter warns at start-up that "block" is ignored and probabilistic drafts turn
@@ -469,7 +259,6 @@ def test_block_on_v1_is_announced_and_verifies_like_standard_with_greedy_drafts(
                                                               greedy["spec_decode"])
 
 
-@pytest.mark.engine
 def test_v1_has_no_block_verification():
     """vLLM 0.32's V1 runner ignores rejection_sample_method "block" (measured: tokens and counters
     equal to "standard"), and with it also drafts greedily under draft_sample_method

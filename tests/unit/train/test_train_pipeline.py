@@ -1,14 +1,13 @@
-"""``vllm-mtp train`` without an engine: refusals, export (bf16 and FP8), resume, DDP at world
-size 2 against one process, the memory plan of a full-size DeepSeek-V3 layer on the meta device.
+"""``vllm-mtp train`` without an engine: refusals, export (bf16 and FP8), resume, the memory plan
+of a full-size DeepSeek-V3 layer on the meta device (world size 2:
+``tests/engine/train/test_train_world_size.py``).
 
 Training data here is written directly in the collector's shard format from the trained tiny
-model's own forward (transformers), so these tests need no vLLM engine; ``test_train_data.py``
-checks that format against the served drafter.
+model's own forward (transformers, ``support/train_fixtures.py``), so these tests need no vLLM
+engine; ``test_train_data.py`` checks that format against the served drafter.
 """
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
@@ -17,51 +16,18 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from support.checkpoint_edits import edited_copy
 from support import paths
+from support.train_fixtures import data, models, settings  # noqa: F401  (fixtures, by name)
 
-from vllm_mtp_plugin.tools.tiny import trained
 from vllm_mtp_plugin.tools.train import cli
 from vllm_mtp_plugin.tools.checkpoint.quantize import dequantize_fp8_blocks, quantize_fp8_blocks
 from vllm_mtp_plugin.tools.train.target import TrainInputError, open_target
-from vllm_mtp_plugin.tools.train.data import SequenceStore, load_training_prompts, write_shard
+from vllm_mtp_plugin.tools.train.data import SequenceStore, load_training_prompts
 from vllm_mtp_plugin.tools.train.export import LAYER_SHARD, export
 from vllm_mtp_plugin.tools.train.layers import to_checkpoint_tensors, to_module_state
 from vllm_mtp_plugin.tools.train.memory import memory_plan
 from vllm_mtp_plugin.tools.train.model import MtpTrainModel
-from vllm_mtp_plugin.tools.train.run import LAYERS_FILE, run_training, trained_layers
-from vllm_mtp_plugin.tools.train.trainer import TrainSettings, train
+from vllm_mtp_plugin.tools.train.trainer import train
 from vllm_mtp_plugin.weights.preflight import mtp_problems
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train-pipeline")
-    return (trained.write_checkpoint(root / "full", 1), trained.write_checkpoint(root / "bare", 0))
-
-
-@pytest.fixture(scope="module")
-def data(models, tmp_path_factory):
-    """24 sequences of held-out-like text with the target's final-norm states."""
-    from transformers import DeepseekV3ForCausalLM
-
-    full, _ = models
-    model = DeepseekV3ForCausalLM.from_pretrained(full, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(0)
-    sequences, hidden, nxt = [], [], []
-    for n in range(24):
-        ids = torch.randint(2, 4096, (1, 20 + n % 7), generator=gen)
-        with torch.no_grad():
-            out = model(input_ids=ids, output_hidden_states=True)
-        sequences.append(ids[0].tolist())
-        hidden.append(out.hidden_states[-1][0].to(torch.bfloat16))
-        nxt.append(int(out.logits[0, -1].argmax()))
-    directory = tmp_path_factory.mktemp("data")
-    write_shard(directory / "shard-00000.safetensors", sequences, nxt, hidden, [5] * 24, {})
-    return directory
-
-
-def settings(**overrides):
-    return TrainSettings(**{"steps": 6, "batch_size": 4, "eval_every": 3, "checkpoint_every": 2,
-                            "held_out_fraction": 0.2, "init": "scratch", **overrides})
 
 
 def test_refusals_name_the_input_and_the_fix(models, tmp_path, capsys):
@@ -283,39 +249,6 @@ def test_a_trainer_state_that_would_run_code_is_refused(models, data, tmp_path):
     with pytest.raises(ValueError, match="trainer-state.pt: not a state this trainer wrote"):
         train(model, SequenceStore(data), settings(), work, progress=False)
     assert not marker.exists()
-
-
-@pytest.mark.engine
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
-def test_world_size_two_matches_one_process(models, data, tmp_path, sharding):
-    """torchrun with gloo: DDP, and FSDP2 fully_shard (the full-size path)."""
-    spec = {"target": str(models[1]), "data_dir": str(data),
-            "settings": {**settings().__dict__, "steps": 4, "train_only": None,
-                         "sharding": sharding}}
-    one = tmp_path / "one"
-    one.mkdir()
-    run_training({**spec, "work_dir": str(one)}, progress=False)
-    two = tmp_path / "two"
-    two.mkdir()
-    (two / "spec.json").write_text(json.dumps({**spec, "work_dir": str(two)}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", "-m", "vllm_mtp_plugin.tools.train.run",
-                           str(two / "spec.json")], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (two / LAYERS_FILE).exists()
-    a, b = trained_layers(one)[0], trained_layers(two)[0]
-    initial = to_checkpoint_tensors(MtpTrainModel(open_target(models[1]), "scratch", 1,
-                                                  "chained").layers[0].state_dict())
-    moved = max((a[n] - initial[n]).abs().max().item() for n in a)
-    differ = max((a[n] - b[n]).abs().max().item() for n in a)
-    assert moved > 1e-3  # training changed the layer ...
-    assert differ < 1e-5, sorted(((a[n] - b[n]).abs().max().item(), n) for n in a)[-3:]
-    # ... the same way in both (stated tolerance: 1e-5 absolute), and the same reported losses
-    one_losses = json.loads((one / "history.json").read_text())["loss"]
-    two_losses = json.loads((two / "history.json").read_text())["loss"]
-    assert max(abs(x[0] - y[0]) for x, y in zip(one_losses, two_losses)) < 1e-4
 
 
 def test_memory_plan_of_a_full_size_deepseek_v3_layer():
