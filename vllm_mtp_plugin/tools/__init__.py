@@ -9,5 +9,5 @@ results file records), ``prompt_files`` (every tool's prompt-file reader) and ``
 ``data/`` holds the bundled prompts and the trained tiny DeepSeek.
 
 The plugin part of the package (``register``, ``patches``, ``platform``, ``ops``, ``models``,
-``weights``, ...) never imports from here (``tests/test_layout.py``).
+``weights``, ...) never imports from here (``tests/unit/repo/test_layout.py``).
 """

@@ -208,7 +208,8 @@ def test_reload_command_line(layers, capsys):
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="TP = 2 on CPU needs 2 cores (one per rank)")
 @pytest.mark.skipif(avx512_hidden(), reason="TP = 2 fails under MTP_TEST_HIDE_AVX512 in the "
-                    "target's vocab-parallel embedding (tests/test_tensor_parallel.py)")
+                    "target's vocab-parallel embedding "
+                    "(tests/engine/plugin/test_tensor_parallel.py)")
 def test_reload_reaches_every_tensor_parallel_rank(layers):
     """TP = 2 (one worker process per rank, gloo): each rank loads its half of the layer; after
     the swap every rank drafts with it - acceptance equals the TP = 2 server started with it.

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.engine  # starts vLLM (tests/conftest.py, the engine ma
 ROOT = paths.REPO
 # The bench's --enforce-eager is a user's option: its flag, its handling and the test of the flag.
 USER_OPTION = {"vllm_mtp_plugin/tools/bench/cli.py", "vllm_mtp_plugin/tools/bench/serve_mode.py",
-               "vllm_mtp_plugin/tools/bench/offline_mode.py", "tests/test_bench_e2e.py"}
+               "vllm_mtp_plugin/tools/bench/offline_mode.py",
+               "tests/engine/bench/test_bench_e2e.py"}
 REASONED = {"eager_for", "eager_serve_args"}  # tools/engine/modes.py: the one list of reasons
 EAGER_FLAG = re.compile(r"--enforce-eager|enforce_eager")
 

@@ -70,7 +70,8 @@ ALLOWED: dict[str, dict[str, str]] = {
         "(0.30 also": "a vllm-ascend release",
         "(0.23 applied it": "a vllm-ascend release",
         "**1.0 / 0.0** with the plugin": "exact by construction (an oracle layer, then a random "
-                                         "one; tests/test_compiled_layers.py asserts it)",
+                                         "one; tests/engine/plugin/test_compiled_layers.py "
+                                         "asserts it)",
         "**1.0 / 1.0** with vLLM's class": "exact by construction, as above",
     },
     "docs/testing.md": {
@@ -84,7 +85,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "a drop below 0.025": "paired.SERVING_DROP, the test's threshold",
         "within 0.12 of": "the tests' tolerance",
         "(19.1 ms plain step, 10.1 ms with a draft)": "the test's fixture "
-                                                      "(tests/test_tune_plausibility.py)",
+                                                      "(tests/unit/tune/test_tune_plausibility.py)",
     },
     "docs/trained-model.md": {
         "scaling 2.5": "the router's setting",
@@ -108,7 +109,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "median difference < 1 % of the mean magnitude": "the test's threshold",
         "< 3 % at ≥ 85 % of positions": "the test's thresholds",
         # the memory plan: computed by tools/train/memory.py (``--memory-plan``), no measurement
-        "11.6 B parameters": "the memory plan's count (tests/test_train_pipeline.py)",
+        "11.6 B parameters": "the memory plan's count (tests/unit/train/test_train_pipeline.py)",
         "**11.61 B parameters** (256 experts × 3 × 7168 × 2048 = 11.27 B, MLA 0.19 B, "
         "0.10 B, shared expert 0.04 B)": "the memory plan's count",
         "| 21.6 GiB | 173.0 GiB |": "the memory plan",
