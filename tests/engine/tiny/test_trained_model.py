@@ -15,7 +15,7 @@ import re
 
 import pytest
 import torch
-from test_sampling import ALPHA, homogeneity_p_value
+from support.sampling_statistics import ALPHA, homogeneity_p_value
 
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.tools.tiny import trained

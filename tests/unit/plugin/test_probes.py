@@ -172,7 +172,7 @@ def test_an_ep_rank_loads_where_vllms_expert_map_is_renamed(monkeypatch, plugin_
     """Rank 1 of 2 holds experts 2 and 3; vLLM's EP weight filter gives it only those. With
     vLLM's map renamed, the loader cannot tell which experts the rank holds: it must not refuse
     the rank's valid stream (it expected experts 0 and 1 too), and says so once."""
-    from test_weight_map import CheckpointError, load, moe_params, small_checkpoint
+    from support.loader_fakes import load, moe_params, small_checkpoint
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.model_loader.ep_weight_filter import (
         compute_local_expert_ids,
@@ -180,6 +180,7 @@ def test_an_ep_rank_loads_where_vllms_expert_map_is_renamed(monkeypatch, plugin_
     )
 
     from vllm_mtp_plugin.weights import experts
+    from vllm_mtp_plugin.weights.loader import CheckpointError
 
     local = compute_local_expert_ids(4, ep_size=2, ep_rank=1)
     stream = {n: t for n, t in small_checkpoint(experts=4).items()

@@ -8,7 +8,7 @@ import pytest
 
 from vllm_mtp_plugin.tools.engine import offline, server
 
-REFUSED = "belongs under tests/engine/"
+REFUSED = "it belongs under tests/engine/"
 
 
 def test_a_process_running_vllm_is_refused():
