@@ -23,7 +23,7 @@ def run(prompts, tmp_path_factory):
     logs = tmp_path_factory.mktemp("default-mode-logs")
 
     @functools.cache
-    def cached(checkpoint, k=0, impl="plugin", **overrides):
+    def cached(checkpoint, k, impl, overrides):
         log = logs / f"{len(list(logs.iterdir()))}.log"
         config = OfflineConfig(str(checkpoint), k, impl, prompts, MAX_TOKENS,
                                default_process_mode=True, speculative_overrides=dict(overrides))
@@ -31,7 +31,9 @@ def run(prompts, tmp_path_factory):
         result["log"] = log.read_text(errors="replace")
         return result
 
-    return cached
+    # One engine per configuration however it is asked: run(noisy, 2) is run(noisy, 2, "plugin").
+    return lambda checkpoint, k=0, impl="plugin", **overrides: cached(
+        checkpoint, k, impl, tuple(sorted(overrides.items())))
 
 
 @pytest.fixture(scope="module")
