@@ -154,6 +154,9 @@ MODE_SETTINGS = {"v1": ({"temperature": 0.6}, {"temperature": 1.0, "top_k": 4},
 MODE_SETTINGS["v2"] = MODE_SETTINGS["v1"]
 EQUAL_SAMPLES = 200
 V2_ENV = {"VLLM_MTP_TEST_MRV2_TOP_K_TOP_P": "pytorch"}
+# V2's kernels run interpreted here, launched once per engine step for the whole batch: a run's
+# requests go in one batch (vLLM's CPU default of 256 sequences made three batches of a run).
+V2_ONE_BATCH = {"max_num_seqs": len(MODE_SETTINGS["v2"]) * SAMPLES["v2"]}
 LOGIT_SCALE = 0.3
 PROBABILISTIC = {"draft_sample_method": "probabilistic"}
 BLOCK = {"rejection_sample_method": "block"}
@@ -179,7 +182,9 @@ def mode_sample(checkpoints, tmp_path_factory):
         return run_config(OfflineConfig(str(model), k, impl, ["Hello world"] * len(sampling), 3,
                                         sampling=sampling, runner=runner,
                                         eager="outside-the-graph", speculative_overrides=overrides,
-                                        llm_kwargs={"dtype": "float32"}), log_path=log_path,
+                                        llm_kwargs={"dtype": "float32",
+                                                    **(V2_ONE_BATCH if runner == "v2" else {})}),
+                          log_path=log_path,
                           env=V2_ENV if runner == "v2" else None)
 
     return run
