@@ -2,7 +2,8 @@
 
 Test code stays out of the package: the Model Runner V2 test harness (tests/mrv2_harness, named by
 VLLM_MTP_MRV2_HARNESS where it is needed), the suite's fork server and CPU-flag hiding live under
-tests/, the load test's mix under benchmarks/ (tests/test_layout.py builds the wheel and lists it)."""
+tests/, the load test's mix under benchmarks/ (tests/unit/repo/test_layout.py builds the wheel and
+lists it)."""
 
 from setuptools import find_packages, setup
 

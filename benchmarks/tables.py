@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The views read this checkout's own modules (``vllm_mtp_plugin/tools/stats.py``, ...: the
 # standard library only), so a plain clone renders and checks the docs with no install, no
-# PYTHONPATH and no third-party package (``tests/test_prose_numbers.py`` runs it so).
+# PYTHONPATH and no third-party package (``tests/unit/repo/test_prose_numbers.py`` runs it so).
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from views import VIEWS, plots  # noqa: E402  (benchmarks/views/, beside this file)

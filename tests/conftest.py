@@ -44,7 +44,7 @@ if os.environ.get("MTP_TEST_TORCH_CACHE"):
 from vllm_mtp_plugin.tools.tiny.v3 import build_checkpoint  # noqa: E402
 from vllm_mtp_plugin.tools.tiny.tokenizer import bundled_prompt_texts  # noqa: E402
 from support.shared_build import build_once, run_root  # noqa: E402
-from support import model_infos  # noqa: E402
+from support import durations, model_infos  # noqa: E402
 
 
 SUITE_ENVIRONMENT = dict(os.environ)
@@ -139,40 +139,40 @@ def prompts():
     return [texts[0], texts[5], texts[40], "Hello"]
 
 
-# Test files by their time on 2 cores, longest first (seconds measured 2026-12-02: 379 ... 49).
-# pytest-xdist hands whole files to the two workers in collection order: longest first keeps both
-# busy to the end (in file order, a 2.7-min tail ran on one worker).
-LONGEST_FIRST = (
-    "test_doctor_selftest.py", "test_engine_v3.py", "test_bench_e2e.py",
-    "test_default_process_mode.py", "test_mla_verify.py", "test_doctor.py",
-    "test_trained_model.py", "test_tensor_parallel.py", "test_sampling.py", "test_server.py",
-    "test_v4_e2e.py", "test_v4_generation.py", "test_compiled_layers.py", "test_train_e2e.py",
-    "test_bad_requests.py", "test_live_reload.py", "test_live_adapt.py", "test_live_record.py",
-    "test_install_lines.py",
-    "test_aot_cache_patch.py", "test_amx_mla_engine.py", "test_tune_schedule.py", "test_graft.py",
-    "test_fork_server.py", "test_preflight.py", "test_load.py", "test_train_data.py",
-)
-
-
 def pytest_collection_modifyitems(config, items):
-    missing = [name for name in LONGEST_FIRST if not (Path(__file__).parent / name).exists()]
-    if missing:
-        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names no such file: {missing}")
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    """Every test under tests/engine/ carries the engine marker, none under tests/unit/ does; the
+    whole suite runs its slowest files first (``support/durations.py``)."""
+    misplaced = [item.nodeid for item in items
+                 if _part(item) == "unit" and item.get_closest_marker("engine") is not None]
+    if misplaced:
+        raise pytest.UsageError("tests/unit/ holds tests that start no vLLM; move these to "
+                                f"tests/engine/: {misplaced}")
+    for item in items:
+        if _part(item) == "engine":
+            item.add_marker(pytest.mark.engine)
+    durations.slowest_first(items, durations.load())
+
+
+def _part(item) -> str:
+    """``unit`` or ``engine``: the directory under tests/ the item's file is in."""
+    try:
+        return Path(item.path).resolve().relative_to(Path(__file__).parent).parts[0]
+    except ValueError:
+        return ""
 
 
 # ---------------------------------------------------------------------------------- the engine marker
-# ``pytest -m "not engine" tests`` runs what starts no vLLM, in under a minute (docs/testing.md). A
-# file that starts vLLM says so (``pytestmark = pytest.mark.engine``); a test without the marker that
-# starts an engine, a server, vLLM's worker set-up or a process running vLLM fails, naming what it
-# started, so the quick run cannot quietly grow slow.
+# ``pytest tests/unit`` runs what starts no vLLM, in under a minute (docs/testing.md); tests/engine/
+# what does, every test there marked ``engine`` (``pytest -m "not engine" tests`` runs the same as
+# the path). A test without the marker that starts an engine, a server, vLLM's worker set-up or a
+# process running vLLM fails, naming what it started, so the quick run cannot quietly grow slow.
 ENGINE_MARKER = ("engine: starts vLLM (an offline engine, a server, vLLM's worker set-up in this "
                  "process, or a process that runs vLLM); `pytest -m 'not engine'` leaves it out")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", ENGINE_MARKER)
+    durations.register(config)
 
 
 class EngineNotMarked(RuntimeError):
@@ -181,8 +181,8 @@ class EngineNotMarked(RuntimeError):
 
 def _refuse(item, what: str):
     def refuse(*args, **kwargs):
-        raise EngineNotMarked(f"{item.nodeid} starts vLLM ({what}) but {item.path.name} is not "
-                              "marked: add `pytestmark = pytest.mark.engine` to it")
+        raise EngineNotMarked(f"{item.nodeid} starts vLLM ({what}): it belongs under "
+                              "tests/engine/, where every test carries the engine marker")
     return refuse
 
 

@@ -146,7 +146,8 @@ def keep_claimed_architectures(registry) -> None:
     so a platform plugin discovered after this one (vllm-ascend 0.30 registers all three DeepSeek
     MTP names) silently replaced our drafters. How to see it: install vllm-ascend and this plugin
     and compare ``ModelRegistry.models["DeepSeekMTPModel"]`` with ``MTP_PLUGIN`` unset across
-    installs (``tests/test_precedence.py`` does it with a test-only rival plugin in both orders).
+    installs (``tests/engine/plugin/test_precedence.py`` does it with a test-only rival plugin in
+    both orders).
     What it does: while vLLM runs ``load_general_plugins``, a registration of a claimed name is
     recorded in ``others`` and dropped; every other call (other names, ``--model-class-overrides``,
     user code) goes to vLLM unchanged. Where that function is not found (``_plugin_loader``), the

@@ -178,7 +178,8 @@ def _loop_variables_as_tensors() -> None:
     Triton 3.9's interpreter maps ``tl.range`` to Python's ``range``, so a kernel that calls
     ``row.to(tl.int64)`` on its loop variable fails (vLLM's top-k/top-p sampling kernel:
     "'int' object has no attribute 'to'"). With this, that kernel's masks equal
-    ``apply_top_k_top_p_pytorch``'s for top-k, top-p and both (``tests/test_mrv2_harness.py``).
+    ``apply_top_k_top_p_pytorch``'s for top-k, top-p and both
+    (``tests/engine/suite/test_mrv2_harness_kernels.py``).
     """
     import numpy as np
     import triton.language as tl
@@ -288,7 +289,8 @@ def _v4_tile_fix_without_plugins() -> None:
 
 # What an AVX2-only x86-64 CPU (AMD EPYC before Zen 4, Intel before Skylake-SP) lacks, as torch
 # and /proc/cpuinfo spell the flags; the tools' probe drops the same ones under the switch
-# (``vllm_mtp_plugin/tools/cpu_features.py``; tests/test_cpu_features.py holds them equal).
+# (``vllm_mtp_plugin/tools/cpu_features.py``; tests/engine/tools/test_cpu_features.py holds
+# them equal).
 HIDDEN_FLAG_PREFIXES = ("avx512", "amx", "avx_vnni", "avx10")
 
 
@@ -322,7 +324,8 @@ def _top_k_top_p_in_pytorch() -> None:
     hundreds of top-k/top-p requests on Model Runner V2. ``apply_top_k_top_p`` is what vLLM calls
     (``v1/sample/ops/topk_topp_sampler.py``; V2: ``v1/worker/gpu/sample/states.py``); it picks the
     Triton kernel when Triton is present and ``apply_top_k_top_p_pytorch`` where it is not, and
-    the two give the same masks (``tests/test_mrv2_harness.py``). Set from the moment the module
+    the two give the same masks (``tests/engine/suite/test_mrv2_harness_kernels.py``). Set from the
+    moment the module
     is imported, so every ``from ... import apply_top_k_top_p`` gets it. Everything else of V2
     (its sampler, drafting and rejection kernels) still runs in Triton's interpreter.
     """

@@ -3,7 +3,7 @@
 Prints one JSON line: the model runner (V1 or V2, whichever the environment selects), the
 drafter's class, whether vLLM's proposer gave it the target's embedding, head and top-k buffer, and
 the draft attention layers in the KV-cache config. It generates nothing:
-on CPUs without what ``tools.engine.cpu_features.deepseek_v4_cpu_blockers`` lists, the first step fails in vLLM's
+on CPUs without what ``tools.cpu_features.deepseek_v4_cpu_blockers`` lists, the first step fails in vLLM's
 V4 attention metadata (a Triton kernel), after everything checked here has happened.
 """
 

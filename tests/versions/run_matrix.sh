@@ -92,8 +92,8 @@ for v in "${VERSIONS[@]}"; do
   cache_root=$(mktemp -d)
   set +e
   VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CACHE_ROOT="$cache_root" \
-    "$venv/bin/python" -m pytest tests/test_engine_v3.py tests/test_bad_checkpoints.py \
-    -k "$SELECT" -q -p no:cacheprovider >>"$log" 2>&1
+    "$venv/bin/python" -m pytest tests/engine/plugin/test_engine_v3.py \
+    tests/engine/weights/test_bad_checkpoints.py -k "$SELECT" -q -p no:cacheprovider >>"$log" 2>&1
   rc=$?
   set -e
   rm -rf "$cache_root"

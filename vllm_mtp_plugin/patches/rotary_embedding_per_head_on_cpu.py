@@ -70,7 +70,8 @@ def rotary_embedding_per_head_on_cpu() -> None:
     ``DeepseekScalingRotaryEmbedding``, which computes in PyTorch). Compiled engines (vLLM's
     default) run the PyTorch path and are unaffected. How to see it: serve a DeepSeek-V3 model
     without rope scaling with ``--enforce-eager`` and compare its prompt log-probabilities with
-    transformers' (``tests/test_trained_model.py``: they part from the second token on without
+    transformers' (``tests/engine/tiny/test_trained_model.py``: they part from the second token on
+    without
     this patch). When it can go: when the kernel handles per-head inputs (the probe then leaves
     vLLM alone).
     """

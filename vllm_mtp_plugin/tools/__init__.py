@@ -1,7 +1,7 @@
 """What users run around the plugin; vLLM never imports anything here.
 
 The commands stand side by side, each importing only the shared floor below them, never another
-command (``tests/test_layout.py`` reads the table in ``cli`` and checks it): ``demo``,
+command (``tests/unit/repo/test_layout.py`` reads the table in ``cli`` and checks it): ``demo``,
 ``inspect_cli`` (``inspect``), ``graft``, ``train/``, ``bench/``, ``tune/``, ``doctor/`` and
 ``live/`` (``serve``, ``reload``: what ``vllm-mtp serve`` adds for live traffic); ``cli`` is the
 ``vllm-mtp`` dispatcher, a table of ``"module:function"``.
@@ -17,5 +17,5 @@ that follow), ``prompt_files`` (every tool's prompt reader), ``plotting``; ``dat
 bundled prompts and the trained tiny DeepSeek.
 
 The plugin part of the package (``register``, ``patches``, ``platform``, ``ops``, ``models``,
-``weights``, ...) never imports from here (``tests/test_layout.py``).
+``weights``, ...) never imports from here (``tests/unit/repo/test_layout.py``).
 """

@@ -33,7 +33,7 @@ import sys
 
 # Command -> "module:function" that runs it with the rest of the command line. Each command is
 # imported only when it runs (``vllm-mtp --help`` loads neither torch nor vLLM);
-# tests/test_layout.py reads this table to tell commands from the modules they share.
+# tests/unit/repo/test_layout.py reads this table to tell commands from the modules they share.
 COMMANDS = {
     "serve": "vllm_mtp_plugin.tools.live.serve:main",
     "reload": "vllm_mtp_plugin.tools.live.reload_client:main",

@@ -3,7 +3,8 @@
 One layer is transformers' generic ``MtpLayer`` (``enorm``, ``hnorm``, ``eh_proj`` over
 ``cat(enorm(e), hnorm(h))``, a ``DeepseekV3DecoderLayer`` as ``mtp_block``, ``post_norm``) — the
 same computation the plugin serves (``models/v3.py``; ``post_norm`` is the checkpoint's
-``shared_head.norm``). ``tests/test_train_data.py`` checks that the layer's forward equals the
+``shared_head.norm``). ``tests/engine/train/test_train_data.py`` checks that the layer's forward
+equals the
 served layer on the same weights and inputs (``test_trainer_layer_computes_the_served_layer``).
 
 Names: a checkpoint stores ``model.layers.{L}.<block tensor>`` per expert
