@@ -57,7 +57,7 @@ def test_every_patch_is_listed_in_docs_patches_with_its_module_in_table_order():
     assert rows[:len(expected)] == expected
     from vllm_mtp_plugin import platform  # the V4 import helper lives with the block lookup
     from vllm_mtp_plugin import precedence  # kept beside the rule it serves
-    from vllm_mtp_plugin.tools import cli
+    from vllm_mtp_plugin.tools.engine import vllm_version
     from vllm_mtp_plugin.tools.live import endpoints, tap
 
     assert callable(platform.import_v4_module) and callable(vllm_version.patch_cli_version_lookup)
