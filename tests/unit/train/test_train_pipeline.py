@@ -275,3 +275,20 @@ def test_memory_plan_command(tmp_path, capsys):
     assert cli.main([str(target), "--memory-plan", "--nproc", "8", "--sharding", "fsdp"]) == 0
     text = capsys.readouterr().out
     assert "8 GPU(s), fsdp" in text and "MTP layer: 11.61 B parameters" in text
+
+
+def test_two_chained_layers_export(models, tmp_path):
+    """``--depth 2`` with chained layers: every layer carries its own copy of the embedding and
+    head in the layer shard (safetensors refuses tensors that share memory)."""
+    full, _ = models
+    target = open_target(full)
+    layers = MtpTrainModel(target, "auto", 2, "chained").checkpoint_tensors()
+    export(target, layers, tmp_path / "out")
+    out = tmp_path / "out"
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 2
+    assert not mtp_problems(out, config)
+    with safe_open(str(out / LAYER_SHARD), "pt") as f:
+        for index in (4, 5):
+            assert torch.equal(f.get_tensor(f"model.layers.{index}.shared_head.head.weight"),
+                               target.tensor("lm_head.weight"))

@@ -39,9 +39,10 @@ def layer_file_tensors(target: TargetCheckpoint, layers: dict[str, torch.Tensor]
             out[name], out[name + SCALE_SUFFIX] = weight, scale
         else:
             out[name] = tensor.to(target.dtype)
-    for index in sorted({layer_index(name) for name in layers}):
-        out[f"model.layers.{index}.embed_tokens.weight"] = embedding
-        out[f"model.layers.{index}.shared_head.head.weight"] = head
+    # One copy per layer: the file format stores no tensors that share memory (--depth 2+).
+    for position, index in enumerate(sorted({layer_index(name) for name in layers})):
+        out[f"model.layers.{index}.embed_tokens.weight"] = embedding.clone() if position else embedding
+        out[f"model.layers.{index}.shared_head.head.weight"] = head.clone() if position else head
     return {k: v.contiguous() for k, v in out.items()}
 
 
