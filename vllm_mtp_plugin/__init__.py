@@ -10,16 +10,10 @@ it keeps when a platform plugin registers the same names is decided in ``precede
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .identity import ARCHITECTURES, VERSION, Registration
 
-# vLLM architecture name -> our implementation. Keeping vLLM's names means
-# `--speculative-config '{"method": "mtp"}'` picks these with no other change.
-ARCHITECTURES: dict[str, str] = {
-    "DeepSeekMTPModel": "vllm_mtp_plugin.models.v3:DeepSeekMTP",
-    "DeepSeekV4MTPModel": "vllm_mtp_plugin.models.v4:DeepSeekV4MTP",
-}
-
-_registered = False
+__version__ = VERSION
+__all__ = ["ARCHITECTURES", "__version__", "register"]
 
 
 def register() -> None:
@@ -29,7 +23,6 @@ def register() -> None:
     Never raises: vLLM calls this for every model in every process, so a failure here is logged as
     a warning and vLLM goes on with its own classes.
     """
-    global _registered
     import logging
 
     logger = logging.getLogger("vllm.vllm_mtp_plugin")
@@ -49,7 +42,7 @@ def register() -> None:
         logger.warning("vllm-mtp-plugin %s not registered (%s: %s); vLLM's own MTP classes serve.",
                        __version__, type(exc).__name__, exc)
         return
-    if not _registered:
-        _registered = True
+    if not Registration.done:
+        Registration.done = True
         served = [arch for arch, how in outcome.items() if how == "ours"]
         logger.info("vllm-mtp-plugin %s serves %s", __version__, ", ".join(served) or "nothing")

@@ -1,6 +1,6 @@
 """Replace the MTP layer(s) a running engine drafts with, from another checkpoint, in every worker.
 
-``vllm-mtp serve --enable-layer-reload DIR`` calls ``LiveWorkerExtension.reload_mtp_layer``
+``vllm-mtp serve --enable-layer-reload LAYERS`` calls ``LiveWorkerExtension.reload_mtp_layer``
 through ``collective_rpc``; vLLM runs it between two engine steps, so in-flight requests go on
 with the new layer from their next draft (any drafter is lossless; only acceptance changes).
 

@@ -271,7 +271,7 @@ class DeepSeekMultiTokenPredictor(nn.Module):
         vLLM configures logging, so only a line from here reaches a real server log)."""
         from vllm.distributed import get_tensor_model_parallel_world_size
 
-        from .. import ARCHITECTURES, __version__
+        from ..identity import ARCHITECTURES, VERSION
 
         arch = next((a for a, target in ARCHITECTURES.items()
                      if target == f"{type(self).__module__}:{type(self).__name__}"), "?")
@@ -285,7 +285,7 @@ class DeepSeekMultiTokenPredictor(nn.Module):
         kept = (f"; {copies} shared_head.head copy(ies) loaded for the host to compare and replace"
                 if copies else "")
         return (
-            f"vllm-mtp-plugin {__version__}: {type(self).__name__} ({self.variant} MTP layer) serves "
+            f"vllm-mtp-plugin {VERSION}: {type(self).__name__} ({self.variant} MTP layer) serves "
             f"{arch}; MTP layer(s) {', '.join(map(str, layers))} loaded ({num_loaded} parameters); "
             f"the target's embedding and head are shared: {saved / 2**20:.1f} MiB not allocated "
             f"(embed_tokens + {len(layers) - copies} shared_head.head, {rows} x {self.config.hidden_size} "

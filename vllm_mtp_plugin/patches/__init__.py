@@ -21,6 +21,9 @@ whether this vLLM needs it (``framework.py``).
   backends (``cpu_mla``, ``amx_mla``): speculative verification takes their decode kernel.
 * ``mla_dtype_on_amx``: on CPU platforms with AMX tiles: MLA in a dtype vLLM's AMX backend does
   not hold (float32) runs on ``CPU_MLA``, target and drafter.
+* ``adaptive_k_in_scheduler``: applied when vLLM imports its engine arguments and its scheduler:
+  with ``VLLM_MTP_ADAPTIVE_K=1`` MTP engines choose k per step (``adaptive_k/``) through vLLM's
+  per-step spec-token count.
 
 Kept elsewhere, beside what they serve:
 
@@ -39,9 +42,10 @@ without the patch. Reasons meaning "not needed here" stay at debug level.
 
 from __future__ import annotations
 
-from . import (check_mtp_checkpoint, expand_kernel_on_cpu, mla_dtype_on_amx, mla_verify_as_decode,
-               rotary_embedding_per_head_on_cpu, seeded_chunked_prefill_on_cpu,
-               skip_unloadable_aot_cache, top_k_on_empty_batch, v4_cpu_tile_scheduler_keys)
+from . import (adaptive_k_in_scheduler, check_mtp_checkpoint, expand_kernel_on_cpu,
+               mla_dtype_on_amx, mla_verify_as_decode, rotary_embedding_per_head_on_cpu,
+               seeded_chunked_prefill_on_cpu, skip_unloadable_aot_cache, top_k_on_empty_batch,
+               v4_cpu_tile_scheduler_keys)
 from .framework import NotFound, Patch, logger
 
 __all__ = ["REGISTER_PATCHES", "NotFound", "Patch", "apply_register_patches"]
@@ -49,7 +53,7 @@ __all__ = ["REGISTER_PATCHES", "NotFound", "Patch", "apply_register_patches"]
 REGISTER_PATCHES: tuple[Patch, ...] = tuple(module.PATCH for module in (
     check_mtp_checkpoint, expand_kernel_on_cpu, top_k_on_empty_batch, seeded_chunked_prefill_on_cpu,
     rotary_embedding_per_head_on_cpu, skip_unloadable_aot_cache, v4_cpu_tile_scheduler_keys,
-    mla_verify_as_decode, mla_dtype_on_amx))
+    mla_verify_as_decode, mla_dtype_on_amx, adaptive_k_in_scheduler))
 
 
 def apply_register_patches() -> dict[str, str]:

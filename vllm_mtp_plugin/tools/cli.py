@@ -57,11 +57,11 @@ def usage() -> str:
 
 def version() -> str:
     """This package's version and the installed vLLM's (read without importing either's code)."""
-    from .. import __version__
+    from ..identity import VERSION
     from .engine.vllm_version import installed_vllm
 
     vllm = installed_vllm()
-    return (f"vllm-mtp-plugin {__version__}, "
+    return (f"vllm-mtp-plugin {VERSION}, "
             + (f"vLLM {vllm[1]} ({vllm[0]})" if vllm else "vLLM not installed"))
 
 

@@ -37,8 +37,8 @@ What passing does not show: a shift below those sizes, or of a less likely token
 below what the chi-square catches (its power is not sized); a difference in the joint distribution
 of the tokens (each position's marginal is compared on its own), in a conditional one (the 2nd
 token given a rare 1st is diluted in the marginal), at positions after the 3rd, or for other
-prompts and settings. Each comparison's false-alarm rate is ALPHA; the module makes 32
-comparisons (at most 3.2 % together). Seeds are fixed, so the outcome is the same on every run.
+prompts and settings. Each comparison's false-alarm rate is ALPHA; the module makes 38
+comparisons (at most 3.8 % together). Seeds are fixed, so the outcome is the same on every run.
 A random checkpoint gives distributions with a handful to hundreds of likely tokens (measured,
 2nd token, 4,600 samples per arm: top-k 4 over 11 ids, top-p 0.003 over 8, temperature 0.1 over
 ~500, its most likely token at 0.23-0.27). Measured on V1, both checkpoints: every comparison's
@@ -158,6 +158,12 @@ V2_ENV = {"VLLM_MTP_TEST_MRV2_TOP_K_TOP_P": "pytorch"}
 # requests go in one batch (vLLM's CPU default of 256 sequences made three batches of a run).
 V2_ONE_BATCH = {"max_num_seqs": len(MODE_SETTINGS["v2"]) * SAMPLES["v2"]}
 LOGIT_SCALE = 0.3
+# Adaptive k (docs/adaptive-k.md), its decisions logged after every step, switching k every
+# step or two (a burst of 2 steps at another k after every step at its choice): most requests
+# see k change between their 2nd and 3rd tokens.
+ADAPTIVE_ENV = {"VLLM_MTP_ADAPTIVE_K": "1", "VLLM_MTP_ADAPTIVE_K_LOG_INTERVAL": "0",
+                "VLLM_MTP_ADAPTIVE_K_EXPLORE_EVERY": "1", "VLLM_MTP_ADAPTIVE_K_BURST": "2"}
+ADAPTIVE_SAMPLES = 2000  # per setting: a 6.4-point shift of the most likely token detected
 PROBABILISTIC = {"draft_sample_method": "probabilistic"}
 BLOCK = {"rejection_sample_method": "block"}
 
@@ -176,7 +182,7 @@ def mode_sample(checkpoints, tmp_path_factory):
 
     @functools.cache
     def run(k: int, runner: str, impl: str = "plugin", samples: int | None = None,
-            log_path: str | None = None, **overrides) -> dict:
+            log_path: str | None = None, adaptive: bool = False, **overrides) -> dict:
         sampling = sampling_params(MODE_SETTINGS[runner], samples or SAMPLES[runner],
                                    MTP_SEED if k else REFERENCE_SEED)
         return run_config(OfflineConfig(str(model), k, impl, ["Hello world"] * len(sampling), 3,
@@ -185,7 +191,8 @@ def mode_sample(checkpoints, tmp_path_factory):
                                         llm_kwargs={"dtype": "float32",
                                                     **(V2_ONE_BATCH if runner == "v2" else {})}),
                           log_path=log_path,
-                          env=V2_ENV if runner == "v2" else None)
+                          env={**(V2_ENV if runner == "v2" else {}),
+                               **(ADAPTIVE_ENV if adaptive else {})} or None)
 
     return run
 
@@ -276,3 +283,31 @@ def test_v1_has_no_block_verification():
     assert '"block"' not in inspect.getsource(rejection_sampler)
     assert ('rejection_sample_method == "standard"\n            and self.speculative_config'
             '.draft_sample_method == "probabilistic"') in inspect.getsource(llm_base_proposer)
+
+
+def test_distributions_are_unchanged_while_adaptive_k_switches(mode_sample, tmp_path):
+    """V1, probabilistic drafts, ``VLLM_MTP_ADAPTIVE_K=1`` with k up to 2, made to switch k every
+    step or two (ADAPTIVE_ENV): every k (0, 1, 2) runs while these requests sample, most of their
+    decode steps verify drafts, and each setting's 2nd and 3rd tokens have the distribution of
+    k = 0 (ADAPTIVE_SAMPLES per setting against 4,600: a shift of the most likely token by
+    ``detectable_shift`` fails with power 0.9, and does here)."""
+    import json
+    import re
+
+    from support.sampling_statistics import detectable_shift
+
+    log = tmp_path / "engine.log"
+    reference = mode_sample(0, "v1")
+    adaptive = mode_sample(2, "v1", samples=ADAPTIVE_SAMPLES, log_path=str(log), adaptive=True,
+                           **PROBABILISTIC)
+    summaries = re.findall(r"vllm-mtp-plugin: adaptive k: (\{.*\})", log.read_text())
+    assert summaries, log.read_text()[-3000:]
+    steps = json.loads(summaries[-1])["steps_at_k"]
+    assert set(steps) == {"0", "1", "2"} and all(steps.values()), steps
+    requests = len(adaptive["token_ids"])
+    assert adaptive["spec_decode"]["num_drafts"] >= 0.3 * 2 * requests, adaptive["spec_decode"]
+    assert distribution_failures(reference, adaptive, "v1") == []
+    shift = detectable_shift(SAMPLES["v1"], ADAPTIVE_SAMPLES)
+    assert round(shift, 3) == 0.064
+    faulty = distribution_failures(reference, adaptive, "v1", shift)
+    assert len(faulty) == len(MODE_SETTINGS["v1"]) * len(POSITIONS), faulty

@@ -243,6 +243,7 @@ def test_batch_size_advice_from_the_measured_speedups(speedups, verdict_text):
     [line] = batch_advice(_batch(*speedups))
     assert line.startswith("batch size: k = 1 against no speculation")
     assert verdict_text in line
+    assert ("VLLM_MTP_ADAPTIVE_K=1 has the engine choose k" in line) == ("loses from" in line)
     assert f"batch 1: {speedups[0]:.2f}x (measured {speedups[0] + 0.01:.2f}x)" in line
     assert batch_advice(None) == [] and batch_advice({"rows": []}) == []
 

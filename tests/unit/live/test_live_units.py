@@ -67,7 +67,7 @@ def test_options_are_taken_out_and_the_worker_extension_added(tmp_path):
       "--allow-unauthenticated-reload"], "give one of them"),
     (["--enable-layer-reload", "{t}", *SPEC, "--reload-api-key", "k",
       "--reload-min-interval", "-1"], "give 0 or more seconds"),
-    (["--reload-api-key", "k", *SPEC], "--reload-api-key needs --enable-layer-reload DIR"),
+    (["--reload-api-key", "k", *SPEC], "--reload-api-key needs --enable-layer-reload LAYERS"),
 ])
 def test_options_refused_with_the_reason(tmp_path, argv, message):
     (tmp_path / "file").write_text("x")

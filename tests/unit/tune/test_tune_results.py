@@ -45,6 +45,10 @@ def test_int_keys_survive_a_json_round_trip_as_ints(methods):
         assert back.choices[method].expected_speedup == choice.expected_speedup
     assert back.to_json() == stored
     assert summary_text(back) == summary_text(tuned)
+    assert summary_text(tuned).splitlines()[-1] == (
+        "or let the engine choose k (0 included) at every step from what it measures while it "
+        "serves: VLLM_MTP_ADAPTIVE_K=1 with --speculative-config "
+        "'{\"method\": \"mtp\", \"num_speculative_tokens\": 2}' (docs/adaptive-k.md)")
 
 
 @pytest.mark.parametrize("path", STORED, ids=[p.parent.name for p in STORED])

@@ -38,6 +38,7 @@ def server_env(impl: str, runner: str | None = None, verify_env: dict | None = N
     env["MTP_PLUGIN"] = "off" if impl == "in-tree" else "auto"
     if impl == "vllm":
         env["VLLM_PLUGINS"] = ""
+    env["VLLM_MTP_ADAPTIVE_K"] = "0"  # the k of the configuration, whatever the caller exported
     return {**env, **(verify_env or {})}
 
 

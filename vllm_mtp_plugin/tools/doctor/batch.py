@@ -76,7 +76,8 @@ def batch_advice(batch: dict | None) -> list[str]:
         paying = [g for g in gains if g < min(losses)]
         verdict = ((f"MTP pays up to batch {max(paying)} and " if paying else "MTP ")
                    + f"loses from batch {min(losses)}: vllm-mtp tune MODEL sets k per batch size "
-                   "(Model Runner V2) or picks one k for your load")
+                   "(Model Runner V2) or picks one k for your load; or VLLM_MTP_ADAPTIVE_K=1 "
+                   "has the engine choose k (0 included) at every step")
     else:
         verdict = "MTP about breaks even at the batch sizes measured"
     return [f"batch size: k = 1 against no speculation, on this machine (tune's model from the "

@@ -134,7 +134,8 @@ def advice(reference: dict | None, probe: dict | None) -> list[str]:
     lines = ["k: tokens per step with k drafts, measured on your prompts: " + ", ".join(
         f"k = {k + 1}: {t:.2f}" for k, t in enumerate(tokens) if t is not None)
         + "; a step with k drafts costs more than a plain one, by how much depends on your "
-          "hardware and batch size: vllm-mtp tune MODEL measures which k pays there"]
+          "hardware and batch size: vllm-mtp tune MODEL measures which k pays there, or "
+          "VLLM_MTP_ADAPTIVE_K=1 has the engine choose k at every step while it serves"]
     sampled = reference["sampled"]
     if sampled["greedy_drafts"] is not None:
         greedy, prob = sampled["greedy_drafts"], sampled["probabilistic_drafts"]

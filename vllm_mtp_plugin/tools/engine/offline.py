@@ -77,6 +77,9 @@ class OfflineConfig:
                              'eager="layer-calls" (tools/engine/eager_reasons.py)')
 
 
+ADAPTIVE_K_ENV = ("VLLM_MTP_ADAPTIVE_K", "VLLM_MTP_ADAPTIVE_K_STATE")
+
+
 def child_env(impl: str, base: dict[str, str] | None = None,
               default_process_mode: bool = False, runner: str | None = None) -> dict[str, str]:
     """Environment for a child engine: ``in-tree`` switches this plugin's drafters off, ``vllm``
@@ -86,6 +89,10 @@ def child_env(impl: str, base: dict[str, str] | None = None,
     if runner not in RUNNERS:
         raise ValueError(f"unknown model runner {runner!r}; choose one of {RUNNERS}")
     env = dict(os.environ if base is None else base)
+    # A measurement's engine runs the k it is given: an operator's VLLM_MTP_ADAPTIVE_K=1 would
+    # turn tune's, doctor's and bench's fixed-k engines adaptive (run_config's env can set it).
+    for name in ADAPTIVE_K_ENV:
+        env.pop(name, None)
     if runner == "v2":
         env = harness_env(env)
     elif runner == "v1":

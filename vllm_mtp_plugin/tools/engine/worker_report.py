@@ -40,11 +40,11 @@ def runner_report(worker) -> dict:
     """The runner that ran, how it compiled ("eager" or vLLM's compilation mode), the drafter's
     class (None without a drafter), and whether vLLM loaded this plugin in the worker (its entry
     point ran: not with ``VLLM_PLUGINS=""``)."""
-    import vllm_mtp_plugin
+    from vllm_mtp_plugin.identity import Registration
 
     drafter = drafter_model(worker.model_runner)
     return {"runner": model_runner_kind(worker.model_runner),
-            "plugin_registered": vllm_mtp_plugin._registered,
+            "plugin_registered": Registration.done,
             "compilation": compilation_report(worker.model_runner.vllm_config)["compilation"],
             "class": None if drafter is None else
             f"{type(drafter).__module__}:{type(drafter).__name__}"}

@@ -5,7 +5,7 @@ Built on vLLM's endpoint-plugin contract (``vllm/plugins/endpoint_plugins/interf
 ``attach_router`` adds the routes when vLLM builds the app, ``init_state`` receives the engine
 client) and reaching the workers the way that contract names, ``collective_rpc`` to a method of
 the worker extension (``vllm_mtp_plugin.live_worker``). They exist only when the server was
-started with ``--enable-layer-reload DIR`` (or ``--adapt``), and read layers from below DIR only.
+started with ``--enable-layer-reload LAYERS`` (or ``--adapt``), and read layers from below LAYERS only.
 
 The routes change the server, so they are closed by a key of their own (``--reload-api-key``),
 checked here: they sit outside the prefixes vLLM's ``--api-key`` guards (``/v1`` and others,

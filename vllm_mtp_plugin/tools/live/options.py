@@ -198,7 +198,7 @@ def split_live_options(argv: list[str]) -> tuple[LiveSettings, list[str]]:
     given = [a for a in argv if a.split("=", 1)[0] in (
         "--reload-api-key", "--allow-unauthenticated-reload", "--reload-min-interval")]
     if ours.enable_layer_reload is None and given:
-        raise LiveOptionError(f"{given[0].split('=', 1)[0]} needs --enable-layer-reload DIR "
+        raise LiveOptionError(f"{given[0].split('=', 1)[0]} needs --enable-layer-reload LAYERS "
                               "or --adapt DIR.")
     settings = LiveSettings(record=_record_settings(ours) if ours.record else None,
                             reload=_reload_settings(ours) if ours.enable_layer_reload else None,

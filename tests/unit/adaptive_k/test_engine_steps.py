@@ -1,0 +1,237 @@
+"""What the adaptive-k patch reads from vLLM's own objects and hands to vLLM, without an engine:
+the schedule table it stands behind, a step's outcome from a real ``SchedulerOutput`` and
+``ModelRunnerOutput``, and a step's cost with one step in flight and with two."""
+
+import pytest
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+from vllm_mtp_plugin.adaptive_k.engine_steps import EngineSteps, step_outcome
+from vllm_mtp_plugin.patches import adaptive_k_in_scheduler as patch
+from vllm_mtp_plugin.patches.framework import NotFound
+
+
+def test_the_table_names_every_k_and_passes_vllms_checks():
+    table = patch.schedule_table(3)
+    assert build_dynamic_sd_schedule_lookup(table, vllm_max_batch_size=8,
+                                            vllm_num_speculative_tokens=3)[1:] == [0, 1, 2, 3, 3,
+                                                                                   3, 3, 3]
+    # fewer sequences than k + 1: vLLM keeps the rows that fit
+    assert build_dynamic_sd_schedule_lookup(table, 2, 3)[1:] == [0, 1]
+    assert patch.is_adaptive_table([list(row) for row in table], 3)  # after a JSON trip
+    assert not patch.is_adaptive_table(table, 2) and not patch.is_adaptive_table([(1, 9, 1)], 3)
+    assert not patch.is_adaptive_table(None, 3)
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("true", True), ("0", False), ("", False),
+                                      (None, False)])
+def test_the_switch(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv(patch.SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(patch.SWITCH, value)
+    assert patch.switched_on() is on
+    assert patch.probe() is None  # the scheduler's hook goes in everywhere; the table needs it
+
+
+def speculative_config(table=None, k=3, method="mtp"):
+    import types
+
+    return types.SimpleNamespace(method=method, num_speculative_tokens=k,
+                                 num_speculative_tokens_per_batch_size=table)
+
+
+@pytest.fixture
+def vllms_config(monkeypatch):
+    """What vLLM's ``create_speculative_config`` returns, without building a model's config."""
+    made = {}
+    monkeypatch.setattr(patch, "_vllm_create_speculative_config",
+                        lambda self, *a, **k: made["config"])
+    return made
+
+
+def test_the_table_is_written_where_the_switch_is_on(monkeypatch, vllms_config):
+    from vllm_mtp_plugin.adaptive_k import state_file
+
+    monkeypatch.delenv(state_file.STATE_ENV, raising=False)
+    monkeypatch.setenv(patch.SWITCH, "1")
+    vllms_config["config"] = speculative_config()
+    config = patch.create_speculative_config_with_adaptive_k(None)
+    assert config.num_speculative_tokens_per_batch_size == patch.schedule_table(3)
+    assert state_file.STATE_ENV in __import__("os").environ  # the engine core's state file
+    for off in (speculative_config(method="ngram"), speculative_config(k=0)):
+        vllms_config["config"] = off
+        assert patch.create_speculative_config_with_adaptive_k(None).\
+            num_speculative_tokens_per_batch_size is None
+    monkeypatch.setenv(patch.SWITCH, "0")
+    vllms_config["config"] = speculative_config()
+    assert patch.create_speculative_config_with_adaptive_k(None).\
+        num_speculative_tokens_per_batch_size is None
+
+
+def test_a_users_table_wins_and_a_bad_setting_is_named(monkeypatch, vllms_config, plugin_log):
+    monkeypatch.setenv(patch.SWITCH, "1")
+    vllms_config["config"] = speculative_config(table=[(1, 8, 2)])
+    assert patch.create_speculative_config_with_adaptive_k(None).\
+        num_speculative_tokens_per_batch_size == [(1, 8, 2)]
+    assert "that table chooses k, adaptive k stays off" in plugin_log.text
+    vllms_config["config"] = speculative_config()
+    monkeypatch.setenv("VLLM_MTP_ADAPTIVE_K_EXPLORE_EVERY", "often")
+    with pytest.raises(ValueError, match="VLLM_MTP_ADAPTIVE_K_EXPLORE_EVERY='often'"):
+        patch.create_speculative_config_with_adaptive_k(None)
+    monkeypatch.delenv("VLLM_MTP_ADAPTIVE_K_EXPLORE_EVERY")
+    monkeypatch.setenv("VLLM_MTP_ADAPTIVE_K_LOG_INTERVAL", "-1")
+    with pytest.raises(ValueError, match="VLLM_MTP_ADAPTIVE_K_LOG_INTERVAL='-1'"):
+        patch.create_speculative_config_with_adaptive_k(None)
+
+
+def scheduler_output(scheduled, spec, k):
+    output = SchedulerOutput.make_empty()
+    output.num_scheduled_tokens = scheduled
+    output.total_num_scheduled_tokens = sum(scheduled.values())
+    output.scheduled_spec_decode_tokens = spec
+    output.num_spec_tokens_to_schedule = k
+    return output
+
+
+def test_a_step_outcome_from_vllms_objects():
+    out = scheduler_output({"a": 3, "b": 3, "c": 17, "d": 3}, {"a": [5, 6], "b": [7, 8],
+                                                                "d": [1, 2]}, 1)
+    ran = ModelRunnerOutput(req_ids=["a", "b", "c", "d"],
+                            req_id_to_index={"a": 0, "b": 1, "c": 2, "d": 3},
+                            sampled_token_ids=[[1, 2, 3], [4], [9], []])
+    outcome = step_outcome(out, ran, 0.25)
+    # d sampled nothing this step (vLLM's update skips it): not an observation
+    assert outcome.drafts == ((2, 2), (2, 0))
+    assert (outcome.batch_size, outcome.verified_k, outcome.drafted_k) == (4, 2, 1)
+    assert outcome.prefill and outcome.seconds == 0.25
+    decode = scheduler_output({"a": 3}, {"a": [5, 6]}, 2)
+    assert not step_outcome(decode, ModelRunnerOutput(["a"], {"a": 0}, [[1]]), None).prefill
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_steps_cost_with_one_step_in_flight_and_with_two():
+    clock = Clock()
+    steps = EngineSteps(2, clock=clock)
+    ran = ModelRunnerOutput(["a"], {"a": 0}, [[1, 2, 3]])
+    first, second, third = (scheduler_output({"a": 3}, {"a": [5, 6]}, 2) for _ in range(3))
+    steps.scheduled(first, 1.0)
+    clock.now = 1.5
+    steps.finished(first, ran)       # one in flight: schedule .. update
+    steps.scheduled(second, 1.6)
+    steps.scheduled(third, 1.7)      # a batch queue: third scheduled before second finished
+    clock.now = 2.0
+    steps.finished(second, ran)
+    clock.now = 2.3
+    steps.finished(third, ran)       # from second's end, not from its own schedule
+    assert [s for _, s in steps.controller.costs.cells[(1, 2)]] == pytest.approx([0.5, 0.4, 0.3])
+    assert steps.controller.acceptance.observations(1) > 2.9
+    assert not steps.started
+
+
+def test_steps_never_finished_are_forgotten():
+    steps = EngineSteps(1, clock=Clock())
+    for _ in range(100):
+        steps.scheduled(scheduler_output({"a": 2}, {"a": [5]}, 1), 0.0)
+    assert len(steps.started) <= 16
+
+
+def test_a_vllm_without_the_per_step_count_is_named(monkeypatch):
+    """A vLLM whose speculative config has no per-batch-size table (0.31): the probe says what is
+    missing (a warning with its consequence) and nothing is patched."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    monkeypatch.setenv(patch.SWITCH, "1")
+    fields = dict(SpeculativeConfig.__dataclass_fields__)
+    fields.pop("num_speculative_tokens_per_batch_size")
+    monkeypatch.setattr(SpeculativeConfig, "__dataclass_fields__", fields)
+    reason = patch.probe()
+    assert isinstance(reason, NotFound) and "num_speculative_tokens_per_batch_size" in reason
+    monkeypatch.setenv(patch.SWITCH, "0")  # not asked for: not a warning
+    assert patch.probe() and not isinstance(patch.probe(), NotFound)
+
+
+def test_a_scheduler_without_the_lookup_is_left_alone(plugin_log, monkeypatch):
+    """Where vLLM's ``Scheduler.schedule`` no longer reads ``dynamic_sd_lookup``, the scheduler
+    keeps its own methods and the log says why."""
+    import types
+
+    class Scheduler:
+        def __init__(self):
+            pass
+
+        def schedule(self):
+            return None
+
+        def update_from_output(self, *args):
+            return None
+
+    monkeypatch.setenv(patch.SWITCH, "1")
+    module = types.SimpleNamespace(Scheduler=Scheduler)
+    kept = (Scheduler.__init__, Scheduler.schedule, Scheduler.update_from_output)
+    patch._patch_scheduler(module)
+    assert (Scheduler.__init__, Scheduler.schedule, Scheduler.update_from_output) == kept
+    assert "adaptive_k_in_scheduler not applied" in plugin_log.text
+    assert "Speculative decoding runs with the configured num_speculative_tokens" in plugin_log.text
+
+
+def test_vllms_scheduler_has_what_the_patch_reads():
+    """The shape ``_patch_scheduler`` checks holds for the installed vLLM (when this fails, vLLM
+    changed how it picks k per step: read the patch again)."""
+    import inspect
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    assert patch.scheduler_shape_problem(Scheduler) is None
+    source = inspect.getsource(Scheduler.schedule)
+    assert "self.dynamic_sd_lookup is None" in source  # padding to 1 + k only without a lookup
+
+
+def test_a_failing_controller_leaves_the_engine_at_the_configured_k(plugin_log):
+    steps = EngineSteps(3, (0, 1, 3), clock=Clock())
+    steps.controller.choose = lambda batch_size: 1 / 0
+    assert steps.choose(4) == 3 and steps.failed
+    assert "adaptive k stopped (ZeroDivisionError" in plugin_log.text
+    steps.finished(scheduler_output({"a": 2}, {"a": [5]}, 1), None)  # ignored, no raise
+    assert steps.choose(1) == 3
+
+
+def test_the_state_is_published_when_the_engine_goes_idle(monkeypatch, tmp_path):
+    from vllm_mtp_plugin.adaptive_k import state_file
+
+    monkeypatch.setenv(state_file.STATE_ENV, str(tmp_path / "state.json"))
+    clock = Clock()
+    steps = EngineSteps(2, clock=clock)
+    out = scheduler_output({"a": 3}, {"a": [5, 6]}, 2)
+    steps.scheduled(out, 0.0)
+    clock.now = 0.1
+    steps.finished(out, ModelRunnerOutput(["a"], {"a": 0}, [[1, 2, 3]]))  # written (first)
+    out = scheduler_output({"a": 3}, {"a": [5, 6]}, 2)
+    steps.controller.choose(1)
+    steps.scheduled(out, 0.1)
+    clock.now = 0.2
+    steps.finished(out, ModelRunnerOutput(["a"], {"a": 0}, [[1, 2, 3]]))  # < 1 s: not written
+    assert state_file.read_state()["steps_at_k"] == {}
+    steps.idle()
+    assert state_file.read_state()["steps_at_k"] == {"2": 1}
+
+
+def test_measuring_engines_keep_their_k_when_the_operator_exported_the_switch():
+    """tune, doctor and bench start engines of a given k: an exported VLLM_MTP_ADAPTIVE_K=1
+    does not reach them (a caller's explicit env can still ask for it)."""
+    from vllm_mtp_plugin.tools.bench.serve_mode import server_env
+    from vllm_mtp_plugin.tools.engine.offline import child_env
+
+    exported = {"VLLM_MTP_ADAPTIVE_K": "1", "VLLM_MTP_ADAPTIVE_K_STATE": "/tmp/x", "PATH": "/bin"}
+    env = child_env("plugin", exported)
+    assert "VLLM_MTP_ADAPTIVE_K" not in env and "VLLM_MTP_ADAPTIVE_K_STATE" not in env
+    assert env["PATH"] == "/bin"
+    assert server_env("plugin")["VLLM_MTP_ADAPTIVE_K"] == "0"

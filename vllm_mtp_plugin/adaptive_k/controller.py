@@ -1,0 +1,200 @@
+"""The adaptive-k controller: for every engine step, the number of drafts (0 .. the configured
+``num_speculative_tokens``) expected to give the most output tokens per second.
+
+A step of ``b`` decoding requests at ``k`` drafts gains ``b * E(k)`` tokens, ``E(k) = 1 + sum of
+P(first j drafts accepted), j <= k``, and costs ``cost(b, k)`` seconds; ``b`` is the same for every
+k of a step, so the controller picks ``argmax_k E(k) / cost(bucket(b), k)``. Both factors are
+measured (``estimates.py``): acceptance from the verifier's results, the cost from the steps'
+times. Each batch-size bucket first runs every k for a short burst; later bursts re-measure, in
+turn, the k not chosen (their acceptance and cost move with the traffic), every
+``explore_every`` steps. A switch needs a gain above ``hysteresis`` and ``min_dwell`` steps at the
+current k, so k does not flap on noise.
+
+The k chosen at a step is the number of drafts proposed after it; the next step verifies them.
+A step's cost is therefore charged to k only when it verified as many drafts as it drafted.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from .estimates import AcceptanceByPosition, StepCosts, batch_bucket
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerSettings:
+    max_k: int
+    burst: int = 4            # steps per measuring burst; its first step is a transition
+    explore_every: int = 256  # steps of a bucket between two bursts at a k not chosen
+    hysteresis: float = 0.03  # a switch must promise this much more throughput
+    min_dwell: int = 16       # steps at a k before switching away from it (bursts aside)
+    cost_window: int = 16     # steady steps per (bucket, k) whose median is the cost
+    max_sample_age: int = 4096  # steps after which a cost sample no longer counts
+    acceptance_half_life: float = 200.0  # engine steps
+    # The k it may choose (None: 0 .. max_k); vLLM prepares for the k its table names only.
+    ks: tuple[int, ...] | None = None
+
+    def choices(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.ks))) if self.ks else tuple(range(self.max_k + 1))
+
+
+# Operators' overrides of ControllerSettings fields (integers), e.g. for faster exploration.
+SETTING_ENV = {"burst": "VLLM_MTP_ADAPTIVE_K_BURST",
+               "explore_every": "VLLM_MTP_ADAPTIVE_K_EXPLORE_EVERY",
+               "min_dwell": "VLLM_MTP_ADAPTIVE_K_MIN_DWELL"}
+
+
+def settings_from_env(max_k: int, ks: tuple[int, ...] | None = None, environ=None
+                      ) -> ControllerSettings:
+    """The defaults, with the ``SETTING_ENV`` variables that are set (whole numbers >= 1;
+    anything else is an error naming the variable)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    given = {}
+    for field, name in SETTING_ENV.items():
+        text = environ.get(name, "").strip()
+        if not text:
+            continue
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"{name}={text!r}: give a whole number of engine steps >= 1")
+        given[field] = int(text)
+    return ControllerSettings(max_k=max_k, ks=ks, **given)
+
+
+@dataclasses.dataclass
+class BucketState:
+    """One batch-size bucket: the k it serves, and the bursts still to run (k per step)."""
+
+    k: int
+    plan: collections.deque
+    dwell: int = 0
+    since_burst: int = 0
+    switches: int = 0
+    decision_due: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutcome:
+    """What one finished engine step tells the controller.
+
+    ``drafts``: per request that verified drafts, (drafts verified, drafts accepted).
+    ``verified_k``: the most drafts a request verified (the k drafted a step earlier);
+    ``drafted_k``: the k this step drafted; ``prefill``: the step also ran prompt tokens (its cost
+    is not a decode step's); ``seconds``: the step's duration."""
+
+    batch_size: int
+    verified_k: int
+    drafted_k: int
+    prefill: bool
+    seconds: float | None
+    drafts: tuple[tuple[int, int], ...] = ()
+
+
+class AdaptiveK:
+    """Chooses k per step (``choose``), learns from each finished step (``observe``)."""
+
+    def __init__(self, settings: ControllerSettings):
+        if settings.max_k < 1:
+            raise ValueError(f"adaptive k needs num_speculative_tokens >= 1, got {settings.max_k}")
+        self.settings = settings
+        self.ks = settings.choices()
+        self.acceptance = AcceptanceByPosition(settings.max_k, settings.acceptance_half_life)
+        self.costs = StepCosts(settings.cost_window, settings.max_sample_age)
+        self.burst_at: dict[tuple[int, int], int] = {}  # (bucket, k) -> step its last burst began
+        self.buckets: dict[int, BucketState] = {}
+        self.step = 0
+        self.steps_at_k: collections.Counter = collections.Counter()
+
+    # ------------------------------------------------------------------------------- choosing
+
+    def choose(self, batch_size: int) -> int:
+        """The k for a step of ``batch_size`` scheduled requests (called once per step)."""
+        self.step += 1
+        bucket = batch_bucket(batch_size)
+        state = self.buckets.get(bucket)
+        if state is None:
+            state = self.buckets[bucket] = BucketState(k=max(self.ks),
+                                                       plan=self._first_bursts(bucket))
+        if not state.plan:
+            state.since_burst += 1
+            # Decide once a burst has ended (with one step in flight its last step is observed
+            # by now; with two, all but that one), then at every step once the dwell is served.
+            if state.decision_due or state.dwell >= self.settings.min_dwell:
+                state.decision_due = False
+                self._decide(bucket, state)
+            if state.since_burst >= self.settings.explore_every and len(self.ks) > 1:
+                state.since_burst = 0
+                other = self._stalest_other_k(bucket, state.k)
+                self.burst_at[(bucket, other)] = self.step
+                state.plan.extend([other] * self.settings.burst)
+        if state.plan:
+            k = state.plan.popleft()
+            state.decision_due = not state.plan
+        else:
+            state.dwell += 1
+            k = state.k
+        self.steps_at_k[k] += 1
+        return k
+
+    def _first_bursts(self, bucket: int) -> collections.deque:
+        """Every k it may choose, the largest first, one burst each."""
+        for k in self.ks:
+            self.burst_at[(bucket, k)] = self.step
+        return collections.deque(k for k in sorted(self.ks, reverse=True)
+                                 for _ in range(self.settings.burst))
+
+    def _stalest_other_k(self, bucket: int, current: int) -> int:
+        """The k other than ``current`` whose last burst in this bucket began longest ago (by
+        attempts, not by samples: a k whose bursts keep falling on steps that prefilled still
+        takes its turn, and the others theirs)."""
+        others = [k for k in self.ks if k != current]
+        return min(others, key=lambda k: (self.burst_at.get((bucket, k), -1), -k))
+
+    def _decide(self, bucket: int, state: BucketState) -> None:
+        """Switch to the best-scoring k if it beats the current one by the hysteresis (or the
+        current one has no cost measured yet); k not measured yet are not candidates."""
+        scores = self.scores(bucket)
+        if not scores:
+            return
+        best = max(scores, key=scores.get)
+        current = scores.get(state.k)
+        if best != state.k and (current is None
+                                or scores[best] > current * (1.0 + self.settings.hysteresis)):
+            state.k, state.dwell = best, 0
+            state.switches += 1
+
+    def scores(self, bucket: int) -> dict[int, float]:
+        """Expected tokens per request per second, by k, for this bucket (k with a cost only)."""
+        out = {}
+        for k in self.ks:
+            seconds = self.costs.median(bucket, k, self.step)
+            if seconds is not None and seconds > 0:
+                out[k] = self.acceptance.expected_tokens(k) / seconds
+        return out
+
+    # ------------------------------------------------------------------------------- learning
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self.acceptance.observe_step(outcome.drafts)
+        steady = outcome.verified_k == outcome.drafted_k
+        if outcome.seconds is not None and steady and not outcome.prefill:
+            self.costs.observe(batch_bucket(outcome.batch_size), outcome.drafted_k,
+                               outcome.seconds, self.step)
+
+    # ------------------------------------------------------------------------------- reporting
+
+    def summary(self) -> dict:
+        """What it decided and why: per bucket the k served and each k's score (tokens per
+        request per second) and cost; the acceptance per position; steps per k so far."""
+        buckets = {}
+        for bucket, state in sorted(self.buckets.items()):
+            medians = {k: self.costs.median(bucket, k, self.step) for k in self.ks}
+            buckets[bucket] = {
+                "k": state.k, "switches": state.switches,
+                "tokens_per_s_per_request": {k: round(v, 2) for k, v in self.scores(bucket).items()},
+                "step_ms": {k: round(1000 * m, 3) for k, m in medians.items() if m is not None}}
+        return {"buckets": buckets,
+                "acceptance": [round(r, 3) for r in self.acceptance.rates()],
+                "steps_at_k": dict(sorted(self.steps_at_k.items()))}

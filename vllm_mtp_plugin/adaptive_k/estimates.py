@@ -1,0 +1,103 @@
+"""What the adaptive-k controller knows: how often each draft position is accepted, and what a step
+costs at each k and batch size, both measured from the engine's own steps.
+
+Acceptance is not enough on its own: it stays almost flat from one request to many while the right
+k flips, because the cost of verifying k more tokens per request grows with the batch. So the
+cost of a step is measured too, per batch-size bucket and k, as the median of its recent steps.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+
+
+def batch_bucket(batch_size: int) -> int:
+    """The bucket a batch size is costed in: the next power of two (1, 2, 4, 8, ...). A step's
+    cost grows with its tokens; within a bucket it changes by at most 2x, and buckets keep the
+    number of cells to measure logarithmic in the largest batch."""
+    return 1 << max(0, batch_size - 1).bit_length()
+
+
+class AcceptanceByPosition:
+    """P(the first j drafts of a request's step are all accepted), for j = 1..max_k, as the
+    product of conditional rates: ``a_j`` = P(draft j accepted | drafts 1..j-1 were).
+
+    Counts decay with every engine step (``half_life`` steps), whether or not the step verified
+    drafts, so the estimate follows traffic that shifts. A position seldom verified (k was below
+    it) leans on the position before it: ``a_j`` has ``prior_weight`` pseudo-observations of
+    ``a_(j-1)`` (drafts of neighbouring positions are accepted at similar rates; ``a_1``'s prior
+    is ``first_prior``). So what position 1 shows of a shift reaches the positions the engine is
+    not drafting at, and a k above the current one is judged on fresh numbers.
+    """
+
+    def __init__(self, max_k: int, half_life: float = 500.0, first_prior: float = 0.5,
+                 prior_weight: float = 4.0):
+        self.max_k = max_k
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.first_prior = first_prior
+        self.prior_weight = prior_weight
+        self.reached = [0.0] * max_k   # verified draft j after accepting drafts 1..j-1
+        self.accepted = [0.0] * max_k  # ... and accepted it
+
+    def observe_step(self, drafts) -> None:
+        """One engine step: per request that verified drafts, (drafts verified, the first how
+        many of them accepted: vLLM's rejection sampler stops at the first rejection)."""
+        self.reached = [n * self.decay for n in self.reached]
+        self.accepted = [n * self.decay for n in self.accepted]
+        for num_drafted, num_accepted in drafts:
+            for j in range(min(num_drafted, num_accepted + 1, self.max_k)):
+                self.reached[j] += 1.0
+                self.accepted[j] += 1.0 if j < num_accepted else 0.0
+
+    def observations(self, position: int) -> float:
+        """How many (decayed) verifications position ``position`` (1-based) rests on."""
+        return self.reached[position - 1]
+
+    def conditional_rates(self) -> list[float]:
+        out, prior = [], self.first_prior
+        for j in range(self.max_k):
+            prior = (self.accepted[j] + self.prior_weight * prior) / (self.reached[j]
+                                                                       + self.prior_weight)
+            out.append(prior)
+        return out
+
+    def rates(self) -> list[float]:
+        """P(drafts 1..j all accepted) for j = 1..max_k."""
+        out, product = [], 1.0
+        for rate in self.conditional_rates():
+            product *= rate
+            out.append(product)
+        return out
+
+    def expected_tokens(self, k: int) -> float:
+        """Tokens a request gains per step at k drafts: the sampled one plus the accepted drafts."""
+        return 1.0 + sum(self.rates()[:k])
+
+
+class StepCosts:
+    """Seconds per step by (batch-size bucket, k): the median of each cell's last ``window``
+    steady steps (the step verified as many drafts as it drafted, and prefilled nothing), those
+    younger than ``max_age`` steps only: a cost measured long ago (other context lengths, other
+    traffic) does not stand against one measured now."""
+
+    def __init__(self, window: int = 16, max_age: int = 4096):
+        self.window = window
+        self.max_age = max_age
+        self.cells: dict[tuple[int, int], collections.deque] = {}
+
+    def observe(self, bucket: int, k: int, seconds: float, step: int) -> None:
+        cell = self.cells.setdefault((bucket, k), collections.deque(maxlen=self.window))
+        cell.append((step, seconds))
+
+    def samples(self, bucket: int, k: int, now: int | None = None) -> int:
+        return len(self._fresh(bucket, k, now))
+
+    def median(self, bucket: int, k: int, now: int | None = None) -> float | None:
+        """The median of the fresh samples (all of them without ``now``); None without any."""
+        fresh = self._fresh(bucket, k, now)
+        return statistics.median(fresh) if fresh else None
+
+    def _fresh(self, bucket: int, k: int, now: int | None) -> list[float]:
+        cell = self.cells.get((bucket, k), ())
+        return [s for step, s in cell if now is None or now - step <= self.max_age]
