@@ -46,9 +46,13 @@ def is_adaptive_table(table, max_k: int) -> bool:
 
 
 def scheduler_shape_problem(scheduler_cls) -> str | None:
-    """What vLLM's scheduler lacks for the controller to reach the runners (None: nothing)."""
+    """What vLLM's scheduler lacks for the controller to reach the runners (None: nothing).
+    Reads vLLM's own ``schedule`` where this patch already wraps it."""
+    schedule = getattr(scheduler_cls, "schedule", None)
+    if schedule is schedule_timed:
+        schedule = _vllm_schedule
     try:
-        source = inspect.getsource(scheduler_cls.schedule)
+        source = inspect.getsource(schedule)
     except (OSError, TypeError, AttributeError) as exc:
         return f"Scheduler.schedule unreadable ({type(exc).__name__})"
     missing = [text for text in SCHEDULER_READS if text not in source]

@@ -191,7 +191,10 @@ def test_vllms_scheduler_has_what_the_patch_reads():
     from vllm.v1.core.sched.scheduler import Scheduler
 
     assert patch.scheduler_shape_problem(Scheduler) is None
-    source = inspect.getsource(Scheduler.schedule)
+    schedule = Scheduler.schedule
+    if schedule is patch.schedule_timed:  # an earlier test of this process applied the patch
+        schedule = patch._vllm_schedule
+    source = inspect.getsource(schedule)
     assert "self.dynamic_sd_lookup is None" in source  # padding to 1 + k only without a lookup
 
 
