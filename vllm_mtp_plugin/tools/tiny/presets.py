@@ -50,7 +50,7 @@ class Checkpoint:
         """What the engine must run with: V4 only in bf16, on the V2 harness, with the plugin, and
         eagerly (``engine/eager_reasons.py``: "interpreted-v4")."""
         if self.variant == "v4":
-            return {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin",),
+            return {"dtype": "bfloat16", "runner": "v2", "impls": ("plugin", "adaptive"),
                     "eager": eager_for("interpreted-v4")}
         return {"dtype": None, "runner": None, "impls": IMPLEMENTATIONS, "eager": False}
 

@@ -1,0 +1,23 @@
+"""``vllm-mtp bench --impl adaptive``: the plugin with k chosen per step up to each -k, beside
+fixed k in one run (the arm adaptive k's proof compares, docs/adaptive-k.md)."""
+
+from vllm_mtp_plugin.tools.bench.serve_mode import server_env
+from vllm_mtp_plugin.tools.bench.sweep import Sweep
+from vllm_mtp_plugin.tools.engine.offline import child_env
+
+
+def test_adaptive_rows_beside_fixed_k_without_a_k0_of_their_own():
+    configs = Sweep(checkpoints=["x"], impls=["plugin", "adaptive"], ks=[0, 2, 3],
+                    floor=False).configs()
+    assert [(c.impl, c.k) for c in configs] == [("plugin", 0), ("plugin", 2), ("plugin", 3),
+                                                ("adaptive", 2), ("adaptive", 3)]
+    assert configs[-1].label() == "x adaptive k=3 c=1"
+
+
+def test_the_switch_reaches_adaptive_engines_only():
+    exported = {"VLLM_MTP_ADAPTIVE_K": "1"}
+    assert child_env("adaptive", {})["VLLM_MTP_ADAPTIVE_K"] == "1"
+    assert child_env("adaptive", {})["MTP_PLUGIN"] == "auto"
+    assert "VLLM_MTP_ADAPTIVE_K" not in child_env("plugin", exported)
+    assert server_env("adaptive")["VLLM_MTP_ADAPTIVE_K"] == "1"
+    assert server_env("plugin")["VLLM_MTP_ADAPTIVE_K"] == "0"
