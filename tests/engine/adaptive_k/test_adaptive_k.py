@@ -8,8 +8,11 @@
 * k does switch: every k from 0 to the configured one ran (each batch size starts with a burst at
   every k), as the controller's own summary lines say;
 * no stale drafter after k = 0: the MTP layer runs at every step, k = 0 included (vLLM's proposers
-  run their first pass before looking at k), so its KV cache holds every token;
-* a user's own ``num_speculative_tokens_per_batch_size`` keeps it off, with a warning.
+  run their first pass before looking at k), so its KV cache holds every token.
+
+A user's own ``num_speculative_tokens_per_batch_size`` keeping it off is a unit test
+(``tests/unit/adaptive_k/test_engine_steps.py``): the warning, and a table the controller does not
+take (``is_adaptive_table``).
 """
 
 import functools
@@ -53,10 +56,10 @@ def run(model_dir, prompts, tmp_path_factory):
 
     @functools.cache
     def go(runner: str | None = None, default_process_mode=False, layer_calls=False,
-           overrides: tuple = (), tp: int = 1) -> tuple[dict, str]:
+           tp: int = 1) -> tuple[dict, str]:
         """k = K with the switch on. fp32: a small model has near-ties that bf16 rounds
         differently in a verify pass and a decode step (tests/engine/tiny/test_trained_model.py)."""
-        log = logs / f"{runner}-{default_process_mode}-{layer_calls}-{len(overrides)}-tp{tp}.log"
+        log = logs / f"{runner}-{default_process_mode}-{layer_calls}-tp{tp}.log"
         env = dict(ADAPTIVE)
         llm_kwargs = {"dtype": "float32"}
         if tp > 1:  # one rank per core (tests/engine/plugin/test_tensor_parallel.py)
@@ -66,7 +69,7 @@ def run(model_dir, prompts, tmp_path_factory):
             str(model_dir), K, "plugin", prompts, MAX_TOKENS, runner=runner,
             default_process_mode=default_process_mode, record_layer_calls=layer_calls,
             eager="layer-calls" if layer_calls else None,
-            speculative_overrides=dict(overrides), llm_kwargs=llm_kwargs),
+            llm_kwargs=llm_kwargs),
             log_path=str(log), env=env)
         return result, log.read_text()
 
@@ -142,15 +145,6 @@ def test_v1_lossless_and_the_drafter_runs_at_every_step_k0_included(run, model_d
     calls = sum(n for per_layer in result["drafter"]["layer_calls"].values()
                 for n in per_layer.values())
     assert calls == sum(max(1, k) * n for k, n in chosen.items()), (calls, chosen)
-
-
-def test_a_users_table_keeps_it_off(run):
-    table = ((1, 256, 1),)  # k = 1 at every batch size
-    result, log = run(overrides=(("num_speculative_tokens_per_batch_size", table),))
-    assert "num_speculative_tokens_per_batch_size is set: that table chooses k" in log
-    assert not summaries(log)
-    spec = result["spec_decode"]
-    assert spec["num_drafts"] > 0 and spec["num_draft_tokens"] == spec["num_drafts"], spec
 
 
 def test_served_with_the_openai_client_and_metrics(model_dir, tmp_path):
