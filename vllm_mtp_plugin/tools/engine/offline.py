@@ -64,7 +64,9 @@ class OfflineConfig:
     # Several measured passes per repeat on one engine, each {"label": ..., "prompts": [...],
     # "sampling": {...}, "chat": bool} (e.g. one per prompt kind and temperature); each run
     # carries its label. Chat passes hold OpenAI message lists and go through ``LLM.chat`` (the
-    # model's chat template). Empty: one pass of ``prompts`` with ``sampling``.
+    # model's chat template). A pass's "concurrency": n sends its requests n at a time (each group
+    # finishes before the next starts; traffic of that load on one engine). Empty: one pass of
+    # ``prompts`` with ``sampling``.
     passes: list = dataclasses.field(default_factory=list)
     # None: vLLM's default compilation, as users run it. Eager only for a reason listed in
     # ``modes.EAGER_REASONS`` (e.g. "layer-calls" with ``record_layer_calls``).
@@ -242,13 +244,21 @@ def _drafted_per_request(outputs) -> list[dict] | None:
     return rows or None
 
 
-def _generate(llm, prompts: list, params, chat: bool):
+def _generate(llm, prompts: list, params, chat: bool, concurrency: int | None = None):
+    """All of ``prompts`` at once, or ``concurrency`` at a time (``params`` split alike)."""
+    if concurrency:
+        outputs = []
+        for start in range(0, len(prompts), concurrency):
+            group = params[start:start + concurrency] if isinstance(params, list) else params
+            outputs += _generate(llm, prompts[start:start + concurrency], group, chat)
+        return outputs
     if chat:
         return llm.chat(prompts, params, use_tqdm=False)
     return llm.generate(prompts, params, use_tqdm=False)
 
 
-def _measured_pass(llm, config: OfflineConfig, label, prompts: list, params, chat: bool) -> tuple:
+def _measured_pass(llm, config: OfflineConfig, label, prompts: list, params, chat: bool,
+                   concurrency: int | None = None) -> tuple:
     """One timed ``generate`` (or ``chat``) with its counter delta (and step timings)."""
     from .metrics import counters_from_llm_metrics
 
@@ -258,7 +268,7 @@ def _measured_pass(llm, config: OfflineConfig, label, prompts: list, params, cha
         llm.collective_rpc(steptimer.install)
     before = counters_from_llm_metrics(llm.get_metrics())
     t0 = time.perf_counter()
-    outputs = _generate(llm, prompts, params, chat)
+    outputs = _generate(llm, prompts, params, chat, concurrency)
     elapsed = time.perf_counter() - t0
     counters = counters_from_llm_metrics(llm.get_metrics()) - before
     run = {
@@ -302,11 +312,13 @@ def _child(request_path: str, result_path: str) -> None:
     llm = LLM(config.model, **kwargs)
     init_s = time.perf_counter() - t0
     passes = [(p.get("label"), p["prompts"],
-               _sampling_params(p["prompts"], p.get("sampling") or {}, config), p.get("chat"))
+               _sampling_params(p["prompts"], p.get("sampling") or {}, config), p.get("chat"),
+               p.get("concurrency"))
               for p in config.passes] or [
-        (None, config.prompts, _sampling_params(config.prompts, config.sampling, config), False)]
+        (None, config.prompts, _sampling_params(config.prompts, config.sampling, config), False,
+         None)]
     if config.warmup_prompts:
-        _, prompts, params, chat = passes[0]
+        _, prompts, params, chat, _ = passes[0]
         warmup = params[: config.warmup_prompts] if isinstance(params, list) else params
         _generate(llm, prompts[: config.warmup_prompts], warmup, chat)
     runs = []
