@@ -125,8 +125,8 @@ def parse_args(argv):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("-m", "--model", default="trained", help="a checkpoint or a tiny preset spec")
     p.add_argument("--max-k", type=int, default=3)
-    p.add_argument("--tune-config", type=Path, help="a JSON file holding the speculative config "
-                   "vllm-mtp tune printed (adds the arm 'tune')")
+    p.add_argument("--tune-config", type=Path, help="vllm-mtp tune's results file (tune.json), or "
+                   "a JSON file holding the speculative config it printed (adds the arm 'tune')")
     p.add_argument("--requests", type=int, default=96, help="requests per phase")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--processes", type=int, default=3, help="engine processes per arm, alternated")
@@ -146,6 +146,7 @@ def main(argv: list[str]) -> int:
     groups = load_prompt_groups(default_prompts([args.model]))
     passes = phase_passes(groups, args.requests, args.seed)
     tune = json.loads(args.tune_config.read_text()) if args.tune_config else None
+    tune = (tune or {}).get("speculative_config", tune)  # tune's results file, or the config
     plan = arms(args.max_k, tune)
     log_dir = args.log_dir or args.out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
