@@ -11,7 +11,7 @@ per-batch-size table). All speculative arms draft probabilistically (at T = 0 th
 Every arm does the same work (the same requests per phase, ``ignore_eos``), so times compare;
 engine processes alternate between arms (``--processes`` rounds), and a process that other work
 disturbed is run again, never pooled (``--disturbed-retries``). Writes
-``OUT/results.json`` (machine, commit, argv inside) and prints per phase and over the run each
+``OUT/shift.json`` (machine, commit, argv inside) and prints per phase and over the run each
 arm's median seconds and adaptive's ratio to the best fixed arm.
 """
 
@@ -32,6 +32,8 @@ from vllm_mtp_plugin.tools.prompt_files import load_prompt_groups  # noqa: E402
 from vllm_mtp_plugin.tools.provenance import environment, portable  # noqa: E402
 from vllm_mtp_plugin.tools.tiny.presets import default_prompts, resolve  # noqa: E402
 
+# Not results.json: that name is the bench's row format, which benchmarks/views/ read.
+RESULTS_FILE = "shift.json"
 # (label, prompt kind, temperature, concurrency): each phase favours another fixed choice.
 PHASES = (("code T=0 c=1", "code", 0.0, 1), ("chat T=1 c=16", "chat", 1.0, 16),
           ("code T=0 c=1 again", "code", 0.0, 1), ("chat T=1 c=1", "chat", 1.0, 1))
@@ -156,13 +158,14 @@ def main(argv: list[str]) -> int:
             print(f"process {process + 1}/{args.processes}: {name}", flush=True)
             log = log_dir / f"{name.replace('=', '')}-p{process}.log"
             results[name].append(run_arm(str(ckpt.path), arm, passes, args, log))
-    result = {"environment": run, "settings": {**vars(args), "phases": PHASES},
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    result = {"environment": run, "settings": {**settings, "phases": PHASES},
               "arms": {n: list(a) for n, a in plan.items()}, "results": results,
               "summary": summary(results)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(portable(result), indent=1, default=str))
+    (args.out / RESULTS_FILE).write_text(json.dumps(portable(result), indent=1))
     print(table(result))
-    print(f"results: {args.out / 'results.json'}")
+    print(f"results: {args.out / RESULTS_FILE}")
     return 0
 
 
