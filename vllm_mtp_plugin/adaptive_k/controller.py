@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 
 from .estimates import AcceptanceByPosition, StepCosts, batch_bucket
 
@@ -49,8 +50,6 @@ def settings_from_env(max_k: int, ks: tuple[int, ...] | None = None, environ=Non
                       ) -> ControllerSettings:
     """The defaults, with the ``SETTING_ENV`` variables that are set (whole numbers >= 1;
     anything else is an error naming the variable)."""
-    import os
-
     environ = os.environ if environ is None else environ
     given = {}
     for field, name in SETTING_ENV.items():
@@ -167,11 +166,12 @@ class AdaptiveK:
 
     def scores(self, bucket: int) -> dict[int, float]:
         """Expected tokens per request per second, by k, for this bucket (k with a cost only)."""
+        rates = self.acceptance.rates()  # once per decision, not once per k
         out = {}
         for k in self.ks:
             seconds = self.costs.median(bucket, k, self.step)
             if seconds is not None and seconds > 0:
-                out[k] = self.acceptance.expected_tokens(k) / seconds
+                out[k] = (1.0 + sum(rates[:k])) / seconds
         return out
 
     # ------------------------------------------------------------------------------- learning
