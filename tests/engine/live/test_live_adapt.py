@@ -47,6 +47,11 @@ def adapted(tmp_path_factory):
         f"model.layers.{trained.ARCH.num_hidden_layers}.", NOISE))
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
     sent, spans, failures, stop, lock = [], [], [], threading.Event(), threading.Lock()
+    # The clients pause while a round trains: the trainer runs at a lower priority than serving
+    # (adapt.py), and on this 2-core machine, beside another test, it otherwise got ~1/15 of a
+    # core. They send while the candidate is evaluated, swapped in and watched.
+    flowing = threading.Event()
+    flowing.set()
     with Server(noised, ["--speculative-config", spec, "--served-model-name", "t",
                          "--max-model-len", "512", "--dtype", "float32",
                          "--adapt", str(root / "adapt"), "--record-fraction", "1",
@@ -61,6 +66,7 @@ def adapted(tmp_path_factory):
         def traffic():
             i = 0
             while not stop.is_set():
+                flowing.wait()
                 try:
                     started = time.time()
                     done = client.completions.create(
@@ -85,8 +91,10 @@ def adapted(tmp_path_factory):
             events = [e["event"] for e in status["history"]]
             if "kept after watching" in events or "failed" in events:
                 break
-            time.sleep(2)
+            (flowing.clear if status["state"] == "training" else flowing.set)()
+            time.sleep(1)
         stop.set()
+        flowing.set()
         for thread in threads:
             thread.join(60)
         page = metrics.parse_prometheus(urllib.request.urlopen(
