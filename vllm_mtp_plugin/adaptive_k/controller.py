@@ -166,12 +166,12 @@ class AdaptiveK:
 
     def scores(self, bucket: int) -> dict[int, float]:
         """Expected tokens per request per second, by k, for this bucket (k with a cost only)."""
-        rates = self.acceptance.rates()  # once per decision, not once per k
+        expected = self.acceptance.expected_tokens_by_k()  # once per decision, not once per k
         out = {}
         for k in self.ks:
             seconds = self.costs.median(bucket, k, self.step)
             if seconds is not None and seconds > 0:
-                out[k] = (1.0 + sum(rates[:k])) / seconds
+                out[k] = expected[k] / seconds
         return out
 
     # ------------------------------------------------------------------------------- learning

@@ -70,9 +70,16 @@ class AcceptanceByPosition:
             out.append(product)
         return out
 
+    def expected_tokens_by_k(self) -> list[float]:
+        """Tokens a request gains per step at k = 0 .. max_k drafts: the sampled one plus the
+        accepted drafts (one pass over the rates for every k)."""
+        out = [1.0]
+        for rate in self.rates():
+            out.append(out[-1] + rate)
+        return out
+
     def expected_tokens(self, k: int) -> float:
-        """Tokens a request gains per step at k drafts: the sampled one plus the accepted drafts."""
-        return 1.0 + sum(self.rates()[:k])
+        return self.expected_tokens_by_k()[k]
 
 
 class StepCosts:
