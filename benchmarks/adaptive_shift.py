@@ -52,13 +52,16 @@ def arms(max_k: int, tune_config: dict | None) -> dict[str, tuple[str, int, dict
     return out
 
 
-def phase_passes(groups: dict[str, list], requests: int, seed: int) -> list[dict]:
-    """The measured passes: ``requests`` prompts of each phase's kind (cycled), seeded when
-    sampled (request i: seed + i, the same streams for every arm)."""
+def phase_passes(groups: dict[str, list], requests: int, seed: int,
+                 concurrent_requests: int | None = None) -> list[dict]:
+    """The measured passes: ``requests`` prompts of each phase's kind (cycled), or
+    ``concurrent_requests`` in a phase of many requests at a time (None: ``requests``), seeded
+    when sampled (request i: seed + i, the same streams for every arm)."""
     passes = []
     for label, kind, temperature, concurrency in PHASES:
         pool = groups.get(kind) or next(iter(groups.values()))
-        prompts = [pool[i % len(pool)] for i in range(requests)]
+        count = requests if concurrency == 1 or not concurrent_requests else concurrent_requests
+        prompts = [pool[i % len(pool)] for i in range(count)]
         passes.append({"label": label, "prompts": prompts, "chat": isinstance(prompts[0], list),
                        "concurrency": concurrency,
                        "sampling": {"temperature": temperature,
@@ -129,7 +132,13 @@ def parse_args(argv):
     p.add_argument("--max-k", type=int, default=3)
     p.add_argument("--tune-config", type=Path, help="vllm-mtp tune's results file (tune.json), or "
                    "a JSON file holding the speculative config it printed (adds the arm 'tune')")
-    p.add_argument("--requests", type=int, default=96, help="requests per phase")
+    p.add_argument("--requests", type=int, default=96,
+                   help="requests per phase of one request at a time")
+    p.add_argument("--concurrent-requests", type=int, default=None,
+                   help="requests per phase of many at a time (default: --requests); a phase "
+                        "of 16 at a time runs its requests several times faster")
+    p.add_argument("--arms", nargs="+", default=None,
+                   help="only these arms (names as printed: k=0 .. k=MAX_K, adaptive, tune)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--processes", type=int, default=3, help="engine processes per arm, alternated")
     p.add_argument("--dtype", default="float32")
@@ -146,10 +155,15 @@ def main(argv: list[str]) -> int:
     run = environment()
     ckpt = resolve(args.model)
     groups = load_prompt_groups(default_prompts([args.model]))
-    passes = phase_passes(groups, args.requests, args.seed)
+    passes = phase_passes(groups, args.requests, args.seed, args.concurrent_requests)
     tune = json.loads(args.tune_config.read_text()) if args.tune_config else None
     tune = (tune or {}).get("speculative_config", tune)  # tune's results file, or the config
     plan = arms(args.max_k, tune)
+    unknown = sorted(set(args.arms or ()) - set(plan))
+    if unknown:
+        raise SystemExit(f"--arms {' '.join(unknown)}: no such arm; the arms are "
+                         f"{', '.join(plan)}")
+    plan = {name: arm for name, arm in plan.items() if not args.arms or name in args.arms}
     log_dir = args.log_dir or args.out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict]] = {name: [] for name in plan}

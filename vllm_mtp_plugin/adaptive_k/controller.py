@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 
 from .estimates import AcceptanceByPosition, StepCosts, batch_bucket
@@ -33,6 +34,10 @@ class ControllerSettings:
     cost_window: int = 16     # steady steps per (bucket, k) whose median is the cost
     max_sample_age: int = 4096  # steps after which a cost sample no longer counts
     acceptance_half_life: float = 200.0  # engine steps
+    # At k = 0 nothing is verified, so nothing shows acceptance coming back: one step in a while
+    # drafts the smallest k, as often as costs this fraction of k = 0's time (``_probe_every``).
+    probe_overhead: float = 0.01
+    probe_every_unmeasured: int = 32  # steps between probes while a cost is not measured yet
     # The k it may choose (None: 0 .. max_k); vLLM prepares for the k its table names only.
     ks: tuple[int, ...] | None = None
 
@@ -70,6 +75,7 @@ class BucketState:
     plan: collections.deque
     dwell: int = 0
     since_burst: int = 0
+    since_probe: int = 0
     switches: int = 0
     decision_due: bool = False
 
@@ -128,6 +134,11 @@ class AdaptiveK:
                 other = self._stalest_other_k(bucket, state.k)
                 self.burst_at[(bucket, other)] = self.step
                 state.plan.extend([other] * self.settings.burst)
+            elif state.k == 0 and not state.plan and max(self.ks) > 0:
+                state.since_probe += 1
+                if state.since_probe >= self._probe_every(bucket):
+                    state.since_probe = 0
+                    state.plan.append(min(k for k in self.ks if k > 0))
         if state.plan:
             k = state.plan.popleft()
             state.decision_due = not state.plan
@@ -136,6 +147,18 @@ class AdaptiveK:
             k = state.k
         self.steps_at_k[k] += 1
         return k
+
+    def _probe_every(self, bucket: int) -> int:
+        """Steps at k = 0 between two probes: a probe step at the smallest k costs
+        ``cost(k) - cost(0)`` more, spent once per that many steps of ``cost(0)`` it stays
+        within ``probe_overhead`` of k = 0's time."""
+        smallest = min(k for k in self.ks if k > 0)
+        at_zero = self.costs.median(bucket, 0, self.step)
+        at_smallest = self.costs.median(bucket, smallest, self.step)
+        if not at_zero or not at_smallest:
+            return self.settings.probe_every_unmeasured
+        extra = max(at_smallest - at_zero, 0.0)
+        return max(1, math.ceil(extra / (self.settings.probe_overhead * at_zero)))
 
     def _first_bursts(self, bucket: int) -> collections.deque:
         """Every k it may choose, the largest first, one burst each."""
@@ -187,7 +210,8 @@ class AdaptiveK:
 
     def summary(self) -> dict:
         """What it decided and why: per bucket the k served and each k's score (tokens per
-        request per second) and cost; the acceptance per position; steps per k so far."""
+        request per second) and cost; the acceptance per position and how often it restarted on
+        a shift; steps per k so far."""
         buckets = {}
         for bucket, state in sorted(self.buckets.items()):
             medians = {k: self.costs.median(bucket, k, self.step) for k in self.ks}
@@ -197,4 +221,5 @@ class AdaptiveK:
                 "step_ms": {k: round(1000 * m, 3) for k, m in medians.items() if m is not None}}
         return {"buckets": buckets,
                 "acceptance": [round(r, 3) for r in self.acceptance.rates()],
+                "acceptance_shifts": self.acceptance.shifts,
                 "steps_at_k": dict(sorted(self.steps_at_k.items()))}

@@ -9,7 +9,12 @@ cost of a step is measured too, per batch-size bucket and k, as the median of it
 from __future__ import annotations
 
 import collections
+import math
 import statistics
+
+# A shift in acceptance is tested on the last n verifications for each n here (the shortest
+# catches a collapse within a few steps at one request per step; the longest, a smaller move).
+SHIFT_WINDOWS = (4, 16, 64)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -29,16 +34,26 @@ class AcceptanceByPosition:
     ``a_(j-1)`` (drafts of neighbouring positions are accepted at similar rates; ``a_1``'s prior
     is ``first_prior``). So what position 1 shows of a shift reaches the positions the engine is
     not drafting at, and a k above the current one is judged on fresh numbers.
+
+    Decay alone follows a shift in about a half-life, hundreds of steps at one request per step
+    (code at T = 0, then chat at T = 1: all of it spent drafting what is rejected). So each step
+    also tests whether the last n verifications of position 1 (``SHIFT_WINDOWS``) could come from
+    the current estimate: where the fraction accepted is more than ``shift_z`` binomial standard
+    deviations off it, the counts restart from those n verifications (``shifts`` counts that).
     """
 
     def __init__(self, max_k: int, half_life: float = 500.0, first_prior: float = 0.5,
-                 prior_weight: float = 4.0):
+                 prior_weight: float = 4.0, shift_z: float | None = 4.0):
         self.max_k = max_k
         self.decay = 0.5 ** (1.0 / half_life)
         self.first_prior = first_prior
         self.prior_weight = prior_weight
+        self.shift_z = shift_z  # None: no shift test (decay alone)
         self.reached = [0.0] * max_k   # verified draft j after accepting drafts 1..j-1
         self.accepted = [0.0] * max_k  # ... and accepted it
+        # The last verifications, (drafts verified, accepted), for the shift test (bounded).
+        self.recent: collections.deque = collections.deque(maxlen=max(SHIFT_WINDOWS))
+        self.shifts = 0
 
     def observe_step(self, drafts) -> None:
         """One engine step: per request that verified drafts, (drafts verified, the first how
@@ -46,9 +61,40 @@ class AcceptanceByPosition:
         self.reached = [n * self.decay for n in self.reached]
         self.accepted = [n * self.decay for n in self.accepted]
         for num_drafted, num_accepted in drafts:
-            for j in range(min(num_drafted, num_accepted + 1, self.max_k)):
-                self.reached[j] += 1.0
-                self.accepted[j] += 1.0 if j < num_accepted else 0.0
+            self._count(num_drafted, num_accepted)
+            if num_drafted > 0:
+                self.recent.append((num_drafted, num_accepted))
+        if drafts and self.shift_z is not None:
+            n = self.shifted_window()
+            if n is not None:
+                self._restart_from(list(self.recent)[-n:])
+
+    def _count(self, num_drafted: int, num_accepted: int) -> None:
+        for j in range(min(num_drafted, num_accepted + 1, self.max_k)):
+            self.reached[j] += 1.0
+            self.accepted[j] += 1.0 if j < num_accepted else 0.0
+
+    def shifted_window(self) -> int | None:
+        """The shortest n of ``SHIFT_WINDOWS`` whose last n verifications of position 1 differ
+        from the estimate by more than ``shift_z`` standard deviations (None: none does)."""
+        p = min(max(self.conditional_rates()[0], 0.02), 0.98)
+        recent = list(self.recent)
+        for n in SHIFT_WINDOWS:
+            if len(recent) < n:
+                break
+            accepted = sum(1 for _, num_accepted in recent[-n:] if num_accepted > 0)
+            if abs(accepted / n - p) > self.shift_z * math.sqrt(p * (1.0 - p) / n):
+                return n
+        return None
+
+    def _restart_from(self, verifications: list[tuple[int, int]]) -> None:
+        """Counts from ``verifications`` only; the shift test starts from them too."""
+        self.reached = [0.0] * self.max_k
+        self.accepted = [0.0] * self.max_k
+        for num_drafted, num_accepted in verifications:
+            self._count(num_drafted, num_accepted)
+        self.recent = collections.deque(verifications, maxlen=self.recent.maxlen)
+        self.shifts += 1
 
     def observations(self, position: int) -> float:
         """How many (decayed) verifications position ``position`` (1-based) rests on."""
@@ -57,8 +103,9 @@ class AcceptanceByPosition:
     def conditional_rates(self) -> list[float]:
         out, prior = [], self.first_prior
         for j in range(self.max_k):
-            prior = (self.accepted[j] + self.prior_weight * prior) / (self.reached[j]
-                                                                       + self.prior_weight)
+            weight = self.reached[j] + self.prior_weight
+            if weight > 0:  # else nothing seen and no prior weight: the prior as it is
+                prior = (self.accepted[j] + self.prior_weight * prior) / weight
             out.append(prior)
         return out
 

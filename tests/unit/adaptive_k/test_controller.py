@@ -105,6 +105,58 @@ def test_it_follows_shifting_traffic():
         assert all(a < 1.2 * f for a, f in zip(times, fixed)), (k, times, fixed)
 
 
+def steps_until_k0(shift_z):
+    """One request per step, conditional acceptance 0.85 (k = 3 best) for 6000 tokens, then 0.1
+    (k = 0 best): the steps of the second phase before the controller first serves k = 0 outside
+    a burst (three k = 0 steps in a row)."""
+    controller = AdaptiveK(ControllerSettings(MAX_K))
+    controller.acceptance.shift_z = shift_z
+    _, (_, after) = simulate(controller, [(6000, 1, 0.85), (3000, 1, 0.1)])
+    text = "".join(map(str, after))
+    return text.index("000"), controller
+
+
+def test_a_collapse_of_acceptance_is_followed_within_steps():
+    """The shift test (``AcceptanceByPosition.shifted_window``) restarts the estimate on a few
+    verifications that cannot come from it; decay alone takes a hundred steps and more."""
+    with_test, controller = steps_until_k0(4.0)
+    without, _ = steps_until_k0(None)
+    assert with_test <= 12 and controller.acceptance.shifts >= 1, with_test
+    assert without >= 100, without
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_steady_acceptance_seldom_looks_shifted(batch):
+    """At a steady acceptance the shift test restarts the estimate rarely (fewer than one step in
+    500), and the controller keeps a k within 3 % of the best."""
+    controller = AdaptiveK(ControllerSettings(MAX_K))
+    _, (chosen,) = simulate(controller, [(4000 * batch, batch, 0.6)], seed=3)
+    assert controller.acceptance.shifts < len(chosen) / 500, (controller.acceptance.shifts,
+                                                             len(chosen))
+    rates = {k: expected_rate(batch, k, 0.6) for k in range(MAX_K + 1)}
+    good = {k for k, r in rates.items() if r >= 0.97 * max(rates.values())}
+    assert sum(k in good for k in chosen[-500:]) >= 450, (rates, chosen[-500:])
+
+
+def test_at_k0_probes_show_acceptance_coming_back():
+    """At k = 0 nothing is verified: one step at k = 1 in a while, within ``probe_overhead`` of
+    k = 0's time, shows acceptance coming back (with decay, which alone took up to 817 steps on
+    these seeds), and k = 3 returns within a few hundred steps."""
+    for seed in range(4):
+        controller = AdaptiveK(ControllerSettings(MAX_K))
+        _, (_, low, back) = simulate(controller, [(6000, 1, 0.85), (3000, 1, 0.1),
+                                                  (6000, 1, 0.85)], seed=seed)
+        every = controller._probe_every(1)
+        assert 30 <= every <= 40  # (1.5 - 1.1 ms) / (0.01 * 1.1 ms) = 37 steps, both measured
+        steady = "".join(map(str, low[100:]))  # k = 0 served, probes and bursts between
+        assert steady.count("0") > 0.9 * len(steady), steady
+        probes = steady.count("010")  # single steps at k = 1 (bursts are 4 steps)
+        # every 30-40 steps as the medians move (a probe's own cost is not counted, so more
+        # often would spend more than the budget, never would show nothing)
+        assert len(steady) / 50 <= probes <= len(steady) / 28, (probes, len(steady))
+        assert "".join(map(str, back)).index("33333") < 500, (seed, back[:500])
+
+
 def test_a_k_not_chosen_is_measured_again():
     controller = AdaptiveK(ControllerSettings(MAX_K, explore_every=100))
     _, (chosen,) = simulate(controller, [(2000 * 64, 64, 0.3)])
@@ -142,7 +194,8 @@ def test_a_position_not_drafted_follows_the_first(prior_weight, follows):
     """Every position seen at 0.1 (conditional) for a while, then only position 1, at 0.9 (k =
     1): positions 2 and 3 move up with position 1, through the prior that ties each position to
     the one before it (without it they would keep what they last saw)."""
-    acceptance = AcceptanceByPosition(3, half_life=100, prior_weight=prior_weight)
+    acceptance = AcceptanceByPosition(3, half_life=100, prior_weight=prior_weight,
+                                      shift_z=None)  # decay and prior alone
     low = [(3, 0)] * 900 + [(3, 1)] * 90 + [(3, 2)] * 9 + [(3, 3)]  # 0.1 at each position
     for _ in range(20):
         acceptance.observe_step(low)

@@ -29,6 +29,8 @@ def test_every_arm_gets_the_same_phases():
     assert passes[0]["prompts"] == ["def f(", "class A:", "def f(", "class A:", "def f("]
     assert passes[1]["sampling"] == {"temperature": 1.0, "seed": 7}
     assert passes[0]["sampling"] == {"temperature": 0.0}
+    sized = adaptive_shift.phase_passes(groups, 5, seed=7, concurrent_requests=12)
+    assert [len(p["prompts"]) for p in sized] == [5, 12, 5, 5]
 
 
 def run(*phase_seconds):
