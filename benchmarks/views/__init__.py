@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from . import acceptance, doctor, live, model, runs, speed, training, tune
+from . import acceptance, adaptive, doctor, live, model, runs, speed, training, tune
 from .common import View
 
 TRAINED = (acceptance.TRAINED,)
@@ -12,6 +12,8 @@ TUNE = tuple(f"benchmarks/results/tune-{name}/{f}" for name in tune.MODELS
              for f in ("check.json", "tune.json"))
 
 VIEWS: dict[str, View] = {
+    "adaptive-shift": View(adaptive.shift_table, (adaptive.SHIFT,)),
+    "adaptive-shift-ratio": View(adaptive.shift_ratio, (adaptive.SHIFT,)),
     "doctor-selftest": View(doctor.selftest_table, (doctor.SELFTEST,)),
     "doctor-selftest-minutes": View(doctor.selftest_minutes, (doctor.SELFTEST,)),
     "doctor-trained": View(doctor.trained_report, (doctor.TRAINED,)),

@@ -151,14 +151,19 @@ class AdaptiveK:
     def _probe_every(self, bucket: int) -> int:
         """Steps at k = 0 between two probes: a probe step at the smallest k costs
         ``cost(k) - cost(0)`` more, spent once per that many steps of ``cost(0)`` it stays
-        within ``probe_overhead`` of k = 0's time."""
+        within ``probe_overhead`` of k = 0's time. Probes show acceptance only: neither the
+        probe step nor the one verifying it is steady, so no cost is charged from them (the
+        smallest k's cost comes from bursts)."""
         smallest = min(k for k in self.ks if k > 0)
         at_zero = self.costs.median(bucket, 0, self.step)
         at_smallest = self.costs.median(bucket, smallest, self.step)
         if not at_zero or not at_smallest:
             return self.settings.probe_every_unmeasured
         extra = max(at_smallest - at_zero, 0.0)
-        return max(1, math.ceil(extra / (self.settings.probe_overhead * at_zero)))
+        # at least two bursts' length apart: k = 0 keeps its own steady steps (its cost) even
+        # where noisy medians make a probe look free
+        return max(2 * self.settings.burst,
+                   math.ceil(extra / (self.settings.probe_overhead * at_zero)))
 
     def _first_bursts(self, bucket: int) -> collections.deque:
         """Every k it may choose, the largest first, one burst each."""
@@ -184,7 +189,7 @@ class AdaptiveK:
         current = scores.get(state.k)
         if best != state.k and (current is None
                                 or scores[best] > current * (1.0 + self.settings.hysteresis)):
-            state.k, state.dwell = best, 0
+            state.k, state.dwell, state.since_probe = best, 0, 0
             state.switches += 1
 
     def scores(self, bucket: int) -> dict[int, float]:

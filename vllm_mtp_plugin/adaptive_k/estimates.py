@@ -12,9 +12,42 @@ import collections
 import math
 import statistics
 
-# A shift in acceptance is tested on the last n verifications for each n here (the shortest
-# catches a collapse within a few steps at one request per step; the longest, a smaller move).
+# A shift in acceptance is tested on the last m steps that verified drafts, for each m here (the
+# shortest catches a collapse within a few steps; the longest, a smaller move), whole steps pooled:
+# the requests of one step come in the scheduler's order, so a window cut inside a step would
+# compare some requests with the rest instead of now with before.
 SHIFT_WINDOWS = (4, 16, 64)
+# How unlikely a window's accepted count must be under the estimate (two-sided binomial tail) to
+# count as a shift: at p = 0.9 one acceptance in 4 does not (0.0037), none in 16 does.
+SHIFT_ALPHA = 1e-4
+# A shift must persist this many further steps that verified drafts, each testing shifted the
+# same way, before the estimate restarts: a regime shorter than that is averaged over, not
+# followed (following one that ends soon after costs more than it gains).
+SHIFT_PERSISTENCE = 64
+
+
+def binomial_tail(accepted: int, n: int, p: float) -> float:
+    """P(a count at least as far from n·p as ``accepted``, on its side) for Binomial(n, p),
+    0 < p < 1, exact: the terms from ``accepted`` outwards, each from the one before, until they
+    no longer add (a handful of standard deviations' worth, whatever n)."""
+    log_term = (math.lgamma(n + 1) - math.lgamma(accepted + 1) - math.lgamma(n - accepted + 1)
+                + accepted * math.log(p) + (n - accepted) * math.log1p(-p))
+    term, total, x = math.exp(log_term), 0.0, accepted
+    odds = p / (1.0 - p)
+    upward = accepted >= n * p
+    while term > 0.0 and term >= 1e-12 * total:
+        total += term
+        if upward:
+            if x == n:
+                break
+            term *= (n - x) / (x + 1) * odds
+            x += 1
+        else:
+            if x == 0:
+                break
+            term *= x / (n - x + 1) / odds
+            x -= 1
+    return min(1.0, total)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -37,22 +70,25 @@ class AcceptanceByPosition:
 
     Decay alone follows a shift in about a half-life, hundreds of steps at one request per step
     (code at T = 0, then chat at T = 1: all of it spent drafting what is rejected). So each step
-    also tests whether the last n verifications of position 1 (``SHIFT_WINDOWS``) could come from
-    the current estimate: where the fraction accepted is more than ``shift_z`` binomial standard
-    deviations off it, the counts restart from those n verifications (``shifts`` counts that).
+    that verified drafts also tests whether position 1's verifications in the last m such steps
+    (``SHIFT_WINDOWS``) could come from the current estimate: where their accepted count is less
+    likely than ``shift_alpha`` (``binomial_tail``), the counts restart from the shortest such
+    window (``shifts`` counts the restarts).
     """
 
     def __init__(self, max_k: int, half_life: float = 500.0, first_prior: float = 0.5,
-                 prior_weight: float = 4.0, shift_z: float | None = 4.0):
+                 prior_weight: float = 4.0, shift_alpha: float | None = SHIFT_ALPHA):
         self.max_k = max_k
         self.decay = 0.5 ** (1.0 / half_life)
         self.first_prior = first_prior
         self.prior_weight = prior_weight
-        self.shift_z = shift_z  # None: no shift test (decay alone)
+        self.shift_alpha = shift_alpha  # None: no shift test (decay alone)
         self.reached = [0.0] * max_k   # verified draft j after accepting drafts 1..j-1
         self.accepted = [0.0] * max_k  # ... and accepted it
-        # The last verifications, (drafts verified, accepted), for the shift test (bounded).
+        # The counts of the last steps that verified drafts, (reached, accepted) per position,
+        # for the shift test (bounded).
         self.recent: collections.deque = collections.deque(maxlen=max(SHIFT_WINDOWS))
+        self._suspected: list[tuple[int, bool]] = []  # consecutive shifted tests, one way
         self.shifts = 0
 
     def observe_step(self, drafts) -> None:
@@ -60,40 +96,48 @@ class AcceptanceByPosition:
         many of them accepted: vLLM's rejection sampler stops at the first rejection)."""
         self.reached = [n * self.decay for n in self.reached]
         self.accepted = [n * self.decay for n in self.accepted]
+        reached, accepted = [0] * self.max_k, [0] * self.max_k
         for num_drafted, num_accepted in drafts:
-            self._count(num_drafted, num_accepted)
-            if num_drafted > 0:
-                self.recent.append((num_drafted, num_accepted))
-        if drafts and self.shift_z is not None:
-            n = self.shifted_window()
-            if n is not None:
-                self._restart_from(list(self.recent)[-n:])
+            for j in range(min(num_drafted, num_accepted + 1, self.max_k)):
+                reached[j] += 1
+                accepted[j] += 1 if j < num_accepted else 0
+        if not reached[0]:
+            return
+        self.reached = [a + b for a, b in zip(self.reached, reached)]
+        self.accepted = [a + b for a, b in zip(self.accepted, accepted)]
+        self.recent.append((tuple(reached), tuple(accepted)))
+        if self.shift_alpha is None:
+            return
+        shift = self.shifted_window()
+        if shift is None or (self._suspected and shift[1] != self._suspected[0][1]):
+            self._suspected = []
+            return
+        self._suspected.append(shift)
+        if len(self._suspected) > SHIFT_PERSISTENCE:
+            window = max(w for w, _ in self._suspected)
+            self._restart_from(list(self.recent)[-window:])
 
-    def _count(self, num_drafted: int, num_accepted: int) -> None:
-        for j in range(min(num_drafted, num_accepted + 1, self.max_k)):
-            self.reached[j] += 1.0
-            self.accepted[j] += 1.0 if j < num_accepted else 0.0
-
-    def shifted_window(self) -> int | None:
-        """The shortest n of ``SHIFT_WINDOWS`` whose last n verifications of position 1 differ
-        from the estimate by more than ``shift_z`` standard deviations (None: none does)."""
-        p = min(max(self.conditional_rates()[0], 0.02), 0.98)
-        recent = list(self.recent)
-        for n in SHIFT_WINDOWS:
-            if len(recent) < n:
+    def shifted_window(self) -> tuple[int, bool] | None:
+        """The shortest m of ``SHIFT_WINDOWS`` whose last m steps' position-1 count is less
+        likely than ``shift_alpha`` under the estimate, and whether the count is above it (None:
+        none is)."""
+        p = min(max(self.conditional_rates()[0], 0.01), 0.99)
+        steps = list(self.recent)
+        for window in SHIFT_WINDOWS:
+            if len(steps) < window:
                 break
-            accepted = sum(1 for _, num_accepted in recent[-n:] if num_accepted > 0)
-            if abs(accepted / n - p) > self.shift_z * math.sqrt(p * (1.0 - p) / n):
-                return n
+            n = sum(reached[0] for reached, _ in steps[-window:])
+            accepted = sum(accepted[0] for _, accepted in steps[-window:])
+            if binomial_tail(accepted, n, p) < self.shift_alpha:
+                return window, accepted > n * p
         return None
 
-    def _restart_from(self, verifications: list[tuple[int, int]]) -> None:
-        """Counts from ``verifications`` only; the shift test starts from them too."""
-        self.reached = [0.0] * self.max_k
-        self.accepted = [0.0] * self.max_k
-        for num_drafted, num_accepted in verifications:
-            self._count(num_drafted, num_accepted)
-        self.recent = collections.deque(verifications, maxlen=self.recent.maxlen)
+    def _restart_from(self, steps: list[tuple[tuple, tuple]]) -> None:
+        """Counts from ``steps`` only; the shift test starts from them too."""
+        self.reached = [float(sum(r[j] for r, _ in steps)) for j in range(self.max_k)]
+        self.accepted = [float(sum(a[j] for _, a in steps)) for j in range(self.max_k)]
+        self.recent = collections.deque(steps, maxlen=self.recent.maxlen)
+        self._suspected = []
         self.shifts += 1
 
     def observations(self, position: int) -> float:

@@ -1,0 +1,66 @@
+"""Adaptive k under shifting traffic (``benchmarks/adaptive_shift.py``): each arm's seconds per
+phase and over the whole run, and adaptive's ratio to the best fixed arm.
+
+``SHIFT`` holds every arm, alternated in one run. ``RERUN``, where stored, holds the adaptive arm
+alone, run later on the same machine with a later controller: its row is compared with the fixed
+arms of ``SHIFT`` and says so."""
+
+from __future__ import annotations
+
+
+from .common import ROOT, load, source_line, table
+
+SHIFT = "benchmarks/results/adaptive-shift/shift.json"
+RERUN = "benchmarks/results/adaptive-shift/rerun/shift.json"
+
+
+def _ratios(adaptive: dict, fixed: dict) -> tuple[list[float], float]:
+    """The best fixed arm's seconds / adaptive's, per phase and over the whole run."""
+    phases = [min(arm["phase_seconds"][i] for arm in fixed.values()) / seconds
+              for i, seconds in enumerate(adaptive["phase_seconds"])]
+    return phases, min(arm["total_seconds"] for arm in fixed.values()) / adaptive["total_seconds"]
+
+
+def _row(name: str, arm: dict) -> list[str]:
+    return [name, *(f"{s:.1f} s" for s in arm["phase_seconds"]), f"{arm['total_seconds']:.1f} s"]
+
+
+def _ratio_row(name: str, phases: list[float], total: float) -> list[str]:
+    return [name, *(f"{r:.2f}×" for r in phases), f"{total:.2f}×"]
+
+
+def shift_table() -> str:
+    """One row per arm (median seconds of its engine processes), adaptive's ratios to the best
+    fixed arm (above 1 is faster), the rerun's rows where stored, the work done and the sources."""
+    data = load(SHIFT)
+    phases = [p[0] for p in data["settings"]["phases"]]
+    summary = data["summary"]
+    fixed = {n: arm for n, arm in summary.items() if n != "adaptive"}
+    rows = [_row(name, arm) for name, arm in summary.items()]
+    if "adaptive" in summary:
+        rows.append(_ratio_row("adaptive ÷ best fixed", *_ratios(summary["adaptive"], fixed)))
+    sources = [SHIFT]
+    rerun = load(RERUN)["summary"]["adaptive"] if (ROOT / RERUN).exists() else None
+    if rerun:
+        commit = load(RERUN)["environment"]["commit"][:10]
+        rows.append(_row(f"adaptive, rerun ({commit})", rerun))
+        rows.append(_ratio_row("rerun ÷ best fixed above", *_ratios(rerun, fixed)))
+        sources.append(RERUN)
+    settings = data["settings"]
+    processes = {len(runs) for runs in data["results"].values()}
+    work = (f"{settings['requests']} requests per phase of one at a time, "
+            f"{settings.get('concurrent_requests') or settings['requests']} in the phase of "
+            f"{max(p[3] for p in settings['phases'])} at a time, {settings['max_tokens']} tokens "
+            f"each; {'/'.join(map(str, sorted(processes)))} engine process(es) per arm")
+    return (f"{table(['arm', *phases, 'whole run'], rows)}\n\nSeconds per phase (lower is "
+            f"faster); {work}. {source_line(*sources)}")
+
+
+def shift_ratio(rerun: bool = False) -> str:
+    """"1.19×": adaptive (or the rerun's) against the best single fixed arm, whole run."""
+    summary = load(SHIFT)["summary"]
+    fixed = {n: arm for n, arm in summary.items() if n != "adaptive"}
+    adaptive = load(RERUN)["summary"]["adaptive"] if rerun else summary["adaptive"]
+    return f"{_ratios(adaptive, fixed)[1]:.2f}×"
+
+
