@@ -14,6 +14,8 @@ TUNE = tuple(f"benchmarks/results/tune-{name}/{f}" for name in tune.MODELS
 VIEWS: dict[str, View] = {
     "adaptive-shift": View(adaptive.shift_table, (adaptive.SHIFT,)),
     "adaptive-shift-ratio": View(adaptive.shift_ratio, (adaptive.SHIFT,)),
+    "adaptive-shift-rerun-ratio": View(partial(adaptive.shift_ratio, True),
+                                       (adaptive.SHIFT, adaptive.RERUN)),
     "doctor-selftest": View(doctor.selftest_table, (doctor.SELFTEST,)),
     "doctor-selftest-minutes": View(doctor.selftest_minutes, (doctor.SELFTEST,)),
     "doctor-trained": View(doctor.trained_report, (doctor.TRAINED,)),
