@@ -17,7 +17,11 @@ back.
 ``MTP_TEST_FAULT=reload-fails-on-rank-1``: a reload of a directory whose name starts with
 ``fail-on-rank-1`` fails on tensor-parallel rank 1 after two of the layer's tensors were loaded (a
 read error mid-load), and loads normally on every other rank: the server must put the version that
-served back on every rank. Installed by the suite's
+served back on every rank.
+``MTP_TEST_FAULT=k0-no-catch-up``: the MTP layer skips its first pass at k = 0 steps
+(``patches/deferred_first_pass_at_k0.py``) but the skipped rows are dropped instead of caught up,
+as a drafter that skips without keeping its inputs would: its KV cache has holes where the k = 0
+steps were (TensorRT-LLM's stale state). Installed by the suite's
 ``sitecustomize`` (``tests/mrv2_harness``) in every process a test starts or vLLM spawns, when
 the module is imported (an import hook: nothing is imported early).
 """
@@ -27,7 +31,8 @@ from pathlib import Path
 
 from vllm_mtp_plugin.patches.import_hooks import after_import
 
-FAULTS = ("drafter-head-some", "drafter-norms", "round-1-head", "reload-fails-on-rank-1")
+FAULTS = ("drafter-head-some", "drafter-norms", "round-1-head", "reload-fails-on-rank-1",
+          "k0-no-catch-up")
 SOME_EVERY = 14
 HARNESS = str(Path(__file__).resolve().parents[1] / "mrv2_harness")  # the suite's sitecustomize
 
@@ -138,7 +143,21 @@ def _shift_head_when_flagged(module) -> None:
     predictor.compute_logits = compute_logits
 
 
+def _drop_k0_rows(module) -> None:
+    backlog = module.FirstPassBacklog
+    take = backlog.take
+
+    def take_nothing(self, req_ids, first_positions):
+        take(self, req_ids, first_positions)  # the rows leave the backlog, unused
+        return None
+
+    backlog.take = take_nothing
+
+
 def install(name: str) -> None:
+    if name == "k0-no-catch-up":
+        after_import("vllm_mtp_plugin.adaptive_k.first_pass_backlog", _drop_k0_rows)
+        return
     if name == "reload-fails-on-rank-1":
         after_import("vllm_mtp_plugin.live_worker", _fail_reload_on_rank_1)
         return

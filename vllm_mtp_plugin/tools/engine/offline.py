@@ -329,7 +329,8 @@ def _child(request_path: str, result_path: str) -> None:
             run, outputs = _measured_pass(llm, config, *pass_)
             runs.append(run)
     report = llm.collective_rpc(worker_report.runner_report)[0]
-    drafter = {"class": report["class"], "runner": report["runner"]} if report["class"] else None
+    drafter = {"class": report["class"], "runner": report["runner"],
+               "deferred_first_pass": report["deferred_first_pass"]} if report["class"] else None
     if drafter is not None:
         drafter["allocated_bytes"] = allocated.get(drafter["class"])
     if config.record_layer_calls:

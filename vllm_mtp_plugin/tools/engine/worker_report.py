@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from vllm_mtp_plugin.patches.deferred_first_pass_at_k0 import BACKLOG as DEFERRED_FIRST_PASS
+
 from .eager_reasons import compilation_report
 
 V1_MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -38,12 +40,18 @@ def drafter_model(runner):
 
 def runner_report(worker) -> dict:
     """The runner that ran, how it compiled ("eager" or vLLM's compilation mode), the drafter's
-    class (None without a drafter), and whether vLLM loaded this plugin in the worker (its entry
+    class (None without a drafter), what the drafter deferred at k = 0 steps (None: nothing
+    deferring, ``patches/deferred_first_pass_at_k0.py``), and whether vLLM loaded this plugin in the worker (its entry
     point ran: not with ``VLLM_PLUGINS=""``)."""
     from vllm_mtp_plugin.identity import Registration
 
     drafter = drafter_model(worker.model_runner)
+    backlog = getattr(getattr(worker.model_runner, "drafter", None), DEFERRED_FIRST_PASS, None)
     return {"runner": model_runner_kind(worker.model_runner),
+            "deferred_first_pass": None if not backlog else {
+                "deferred_steps": backlog.deferred_steps, "catch_ups": backlog.catch_ups,
+                "caught_up_rows": backlog.caught_up_rows,
+                "rows_kept": backlog.rows},
             "plugin_registered": Registration.done,
             "compilation": compilation_report(worker.model_runner.vllm_config)["compilation"],
             "class": None if drafter is None else

@@ -1,0 +1,137 @@
+"""The rows k = 0 steps keep for the MTP layer (``adaptive_k/first_pass_backlog.py``) and the
+patch's decisions around them (``patches/deferred_first_pass_at_k0.py``). The engine test that
+the caught-up layer drafts as one that never skipped: ``tests/engine/adaptive_k/
+test_deferred_first_pass.py``."""
+
+import logging
+import types
+
+import pytest
+import torch
+from support.logs import plugin_log
+
+from vllm_mtp_plugin.adaptive_k.first_pass_backlog import FirstPassBacklog
+from vllm_mtp_plugin.patches import deferred_first_pass_at_k0 as patch
+
+HIDDEN = 4
+
+
+def step(backlog, req_ids, positions):
+    """One deferred decode step: token = 100 * request + position, hidden rows alike."""
+    tokens = torch.tensor([100 * int(r[1:]) + p for r, p in zip(req_ids, positions)])
+    hidden = tokens.float()[:, None].repeat(1, HIDDEN)
+    backlog.defer(req_ids, positions, tokens, hidden)
+
+
+def test_a_batch_takes_its_rows_per_request_in_position_order_shortest_first():
+    backlog = FirstPassBacklog(capacity=64)
+    step(backlog, ["r1", "r2"], [10, 20])
+    step(backlog, ["r1", "r2"], [11, 21])
+    step(backlog, ["r2"], [22])  # r1 not scheduled this step
+    catch_up = backlog.take(["r2", "r1"], [23, 12])
+    assert catch_up.batch_rows == [1, 0]  # r1 (2 rows) before r2 (3 rows)
+    assert catch_up.query_lens == [2, 3] and catch_up.first_positions == [10, 20]
+    assert catch_up.positions.tolist() == [10, 11, 20, 21, 22]
+    assert catch_up.tokens.tolist() == [110, 111, 220, 221, 222]
+    assert catch_up.hidden[:, 0].tolist() == [110, 111, 220, 221, 222]
+    assert backlog.rows == 0 and backlog.catch_ups == 1 and backlog.caught_up_rows == 5
+
+
+def test_rows_that_no_longer_fit_the_request_are_dropped_and_others_wait():
+    backlog = FirstPassBacklog(capacity=64)
+    step(backlog, ["r1", "r2", "r3"], [5, 7, 9])
+    # r1's step starts elsewhere (it was recomputed): its rows go; r3 is not in the batch: stays.
+    catch_up = backlog.take(["r1", "r2"], [0, 8])
+    assert catch_up.query_lens == [1] and catch_up.batch_rows == [1]
+    assert backlog.rows == 1 and backlog.owners == ["r3"]
+    assert backlog.take(["r3"], [10]).positions.tolist() == [9]
+    assert backlog.take(["r3"], [11]) is None
+
+
+def test_a_position_that_does_not_follow_restarts_the_request():
+    backlog = FirstPassBacklog(capacity=64)
+    step(backlog, ["r1"], [5])
+    step(backlog, ["r1"], [0])  # preempted, recomputed, decoding again from elsewhere
+    assert backlog.take(["r1"], [1]).positions.tolist() == [0]
+
+
+def test_finished_requests_free_their_rows_and_the_bound_holds():
+    backlog = FirstPassBacklog(capacity=4)
+    step(backlog, ["r1", "r2"], [1, 1])
+    step(backlog, ["r1", "r2"], [2, 2])
+    assert not backlog.fits(1)
+    with pytest.raises(ValueError, match="do not fit: 4 of 4 kept"):
+        step(backlog, ["r1"], [3])
+    backlog.forget(["r2", "r9"])
+    assert backlog.rows == 2 and backlog.fits(2) and not backlog.fits(3)
+    assert sum(t.shape[0] for t in backlog.hidden) == 2  # memory follows the rows kept
+    with pytest.raises(ValueError, match="at least 1 row"):
+        FirstPassBacklog(0)
+
+
+def test_kept_rows_are_copies():
+    backlog = FirstPassBacklog(capacity=8)
+    hidden = torch.ones(1, HIDDEN)
+    backlog.defer(["r1"], [3], torch.tensor([7]), hidden)
+    hidden.zero_()  # vLLM reuses its output buffers at the next step
+    assert backlog.take(["r1"], [4]).hidden.sum() == HIDDEN
+
+
+def cad(query_lens, seq_lens):
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    return types.SimpleNamespace(
+        query_start_loc_cpu=torch.tensor(starts), seq_lens_cpu_upper_bound=torch.tensor(seq_lens),
+        seq_lens=torch.tensor(seq_lens), max_query_len=max(query_lens),
+        num_actual_tokens=sum(query_lens), num_reqs=len(query_lens))
+
+
+def test_only_one_decode_token_per_request_past_its_prompt_is_deferred():
+    one_each = cad([1, 1], [9, 12])
+    starts = patch.first_positions(one_each)
+    assert starts == [8, 11]
+    assert patch.one_decode_token_each(one_each, starts, [5, 11])
+    assert not patch.one_decode_token_each(one_each, starts, [5, 12])  # a one-token prompt chunk
+    verify = cad([3, 1], [9, 12])  # drafts verified: 3 tokens for the first request
+    assert patch.first_positions(verify) == [6, 11]
+    assert not patch.one_decode_token_each(verify, patch.first_positions(verify), [1, 1])
+
+
+def drafter(**changes):
+    config = types.SimpleNamespace(num_speculative_tokens_per_batch_size=[[1, 256, 0]])
+    fields = dict(method="mtp", speculative_config=config, max_num_tokens=32,
+                  needs_extra_input_slots=False, uses_mrope=False,
+                  vllm_config=types.SimpleNamespace(parallel_config=types.SimpleNamespace(
+                      decode_context_parallel_size=1)),
+                  draft_model_config=types.SimpleNamespace(hf_config=types.SimpleNamespace()))
+    fields.update(changes)
+    return types.SimpleNamespace(**fields)
+
+
+def test_the_backlog_is_made_only_where_the_layer_may_skip(monkeypatch):
+    with plugin_log(logging.INFO) as messages:
+        backlog = patch.backlog_for(drafter())
+    assert backlog.capacity == 32 and any("at most 32 rows kept" in m for m in messages)
+    assert patch.backlog_for(drafter(speculative_config=types.SimpleNamespace(
+        num_speculative_tokens_per_batch_size=None))) is None  # fixed k: never 0
+    v4 = types.SimpleNamespace(hf_config=types.SimpleNamespace(hc_mult=4))
+    assert patch.backlog_for(drafter(draft_model_config=v4)) is None
+    assert patch.backlog_for(drafter(needs_extra_input_slots=True)) is None
+    monkeypatch.setenv(patch.SWITCH, "0")
+    assert patch.backlog_for(drafter()) is None
+
+
+def test_the_patch_names_what_vllm_renamed(plugin_log):
+    patch._install_proposer(types.SimpleNamespace())
+    assert "deferred_first_pass_at_k0 not applied" in plugin_log.text
+    assert "still runs the MTP layer" in plugin_log.text
+
+
+def test_the_installed_vllm_reads_what_the_patch_needs():
+    import inspect
+
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    source = inspect.getsource(SpecDecodeBaseProposer.propose)
+    assert all(text in source for text in patch.PROPOSER_READS)

@@ -1,0 +1,263 @@
+"""A k = 0 step no longer runs the MTP layer; the next step that runs it catches up first (patch
+``deferred_first_pass_at_k0``, documented on the function that applies it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+
+import torch
+
+from .framework import NotFound, Patch, logger
+from .import_hooks import after_import
+
+NAME = "deferred_first_pass_at_k0"
+RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+PROPOSER_MODULE = "vllm.v1.spec_decode.llm_base_proposer"
+# What vLLM's proposer must still do for the patch to apply (read in its source).
+PROPOSER_READS = ("if self.num_speculative_tokens == 0:", "set_inputs_first_pass")
+UNPATCHED = ("A step at k = 0 (adaptive k, or a num_speculative_tokens_per_batch_size table with "
+             "k = 0) still runs the MTP layer over its tokens, as vLLM does: slower than serving "
+             "without speculation by that layer's share of a step.")
+BACKLOG = "_mtp_first_pass_backlog"  # the drafter's backlog (None: not deferring)
+STEP = "_mtp_first_pass_step"  # the runner's step, while it proposes
+SWITCH = "VLLM_MTP_DEFERRED_FIRST_PASS"  # 0: every k = 0 step runs the layer, as in vLLM
+
+
+def switched_off() -> bool:
+    return os.environ.get(SWITCH, "1").strip().lower() in ("0", "false", "off", "no")
+
+
+def probe() -> str | None:
+    """Needed wherever vLLM has per-step k (the dynamic table); what its proposer and runner
+    look like is checked when vLLM imports them (``_install_*``)."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    if "num_speculative_tokens_per_batch_size" not in getattr(SpeculativeConfig,
+                                                               "__dataclass_fields__", {}):
+        return "this vLLM has no per-step k (num_speculative_tokens_per_batch_size)"
+    return None
+
+
+def deferred_first_pass_at_k0() -> None:
+    """At a k = 0 decode step, keep the MTP layer's inputs instead of running it; run them before
+    the layer's next first pass.
+
+    What it changes: vLLM's V1 proposer (``v1/spec_decode/llm_base_proposer.py`` ``propose``,
+    ~512-610) runs the MTP layer over every step's tokens before it looks at k, also at k = 0,
+    so that the layer's KV cache stays whole ("the prefill forward pass above already ran to
+    keep the drafter KV cache in sync"). That forward is one layer beside a full target but a
+    large share of a step on a target of few layers, and it is paid at every k = 0 step. Here a
+    step that verifies nothing, schedules one token per request and drafts nothing keeps, per
+    request, the token the layer would read, its position and the target's hidden state
+    (``adaptive_k/first_pass_backlog.py``) and returns no drafts; the next step that runs the
+    layer (one that drafts, verifies or prefills, or whose rows would not fit the drafter's
+    buffer) first runs the kept rows of its requests as one query each through vLLM's own
+    ``propose`` at k = 0, then its own pass: the cache ends as if the layer had run at every
+    step, and the drafts are those of a layer that never skipped. Applies to MTP drafters with
+    per-step k on V1, not DeepSeek-V4's (hyper-connection states), nor with parallel drafting,
+    M-RoPE or decode context parallelism (other input layouts); Model Runner V2 runs the layer at
+    k = 0 as vLLM does. How to see it: adaptive k's engine test counts the layer's calls
+    (``tests/engine/adaptive_k/test_adaptive_k.py``), and one skipping without catching up loses
+    acceptance after k = 0 (the same file). When it can go: when vLLM's proposer skips k = 0
+    steps itself and keeps the layer's cache whole.
+    """
+    after_import(PROPOSER_MODULE, _install_proposer)
+    after_import(RUNNER_MODULE, _install_runner)
+
+
+def _install_proposer(module) -> None:
+    proposer = getattr(module, "SpecDecodeBaseProposer", None)
+    propose = getattr(proposer, "propose", None)
+    try:
+        source = inspect.getsource(propose)
+    except (OSError, TypeError):
+        source = ""
+    missing = [text for text in PROPOSER_READS if text not in source]
+    if propose is None or missing:
+        logger.warning("vllm-mtp-plugin: %s not applied: %s. %s", NAME, NotFound(
+            f"{PROPOSER_MODULE}.SpecDecodeBaseProposer.propose reading {missing}"), UNPATCHED)
+        return
+    if getattr(propose, "patch", None) != NAME:
+        proposer.propose = _deferring(propose)
+
+
+def _install_runner(module) -> None:
+    runner = getattr(module, "GPUModelRunner", None)
+    propose = getattr(runner, "propose_draft_token_ids", None)
+    if propose is None:
+        logger.warning("vllm-mtp-plugin: %s not applied: %s. %s", NAME, NotFound(
+            f"{RUNNER_MODULE}.GPUModelRunner.propose_draft_token_ids"), UNPATCHED)
+        return
+    if getattr(propose, "patch", None) != NAME:
+        runner.propose_draft_token_ids = _naming_requests(propose)
+
+
+def _naming_requests(propose_draft_token_ids):
+    """The runner's side: which request each batch row is, which requests ended (their kept rows
+    go), whether the step may skip the layer. Such a step is deferred here, before vLLM prepares
+    the drafter's inputs, where nothing else needs them (no async scheduling, which reads the
+    prepared next tokens); otherwise the drafter's ``propose`` decides (``_deferring``)."""
+
+    @functools.wraps(propose_draft_token_ids)
+    def propose_draft_token_ids_deferring_k0(self, scheduler_output, sampled_token_ids, *args,
+                                             **kwargs):
+        drafter = getattr(self, "drafter", None)
+        backlog = backlog_for(drafter) if getattr(drafter, "method", None) == "mtp" else None
+        if backlog is None:
+            return propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args,
+                                           **kwargs)
+        call = _runner_signature(propose_draft_token_ids).bind(
+            self, scheduler_output, sampled_token_ids, *args, **kwargs).arguments
+        batch = self.input_batch
+        n = batch.num_reqs
+        step = Step(req_ids=list(batch.req_ids[:n]),
+                    starts=first_positions(call["common_attn_metadata"]))
+        backlog.forget([*scheduler_output.finished_req_ids,
+                        *(getattr(scheduler_output, "preempted_req_ids", None) or ())])
+        step.deferrable = (scheduler_output.num_spec_tokens_to_schedule == 0
+                           and one_decode_token_each(call["common_attn_metadata"], step.starts,
+                                                     batch.num_prompt_tokens[:n].tolist())
+                           and call.get("aux_hidden_states") is None
+                           and backlog.fits(n))
+        if (step.deferrable and isinstance(sampled_token_ids, torch.Tensor)
+                and getattr(self, "valid_sampled_token_count_event", None) is None
+                and getattr(self.get_model(), "get_mtp_target_hidden_states", None) is None):
+            self._draft_probs = None
+            self._draft_prob_req_ids = None
+            return defer(drafter, backlog, step, sampled_token_ids[:n, 0],
+                         call["hidden_states"][:n])
+        setattr(drafter, STEP, step)
+        try:
+            return propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args,
+                                           **kwargs)
+        finally:
+            setattr(drafter, STEP, None)
+
+    propose_draft_token_ids_deferring_k0.patch = NAME
+    return propose_draft_token_ids_deferring_k0
+
+
+@functools.cache
+def _runner_signature(function) -> inspect.Signature:
+    return inspect.signature(function)
+
+
+@dataclasses.dataclass
+class Step:
+    """The runner's step as the drafter sees it while it proposes."""
+
+    req_ids: list[str]
+    starts: list[int]  # where each request's tokens of the step start
+    deferrable: bool = False
+
+
+def defer(drafter, backlog, step: Step, next_tokens: torch.Tensor, hidden: torch.Tensor):
+    """Keep the step's rows; no drafts (vLLM's k = 0 answer)."""
+    backlog.defer(step.req_ids, step.starts, next_tokens, hidden)
+    drafter.num_speculative_tokens = 0
+    drafter._last_draft_probs = None
+    return torch.empty(len(step.req_ids), 0, dtype=torch.int64, device=next_tokens.device)
+
+
+def backlog_for(drafter):
+    """The drafter's backlog, made on its first step: None (never deferring) unless it is an MTP
+    drafter with per-step k whose inputs are one row per token."""
+    backlog = getattr(drafter, BACKLOG, False)
+    if backlog is not False:
+        return backlog
+    from ..adaptive_k.first_pass_backlog import FirstPassBacklog
+
+    config = drafter.speculative_config
+    parallel = drafter.vllm_config.parallel_config
+    hf_config = getattr(drafter.draft_model_config, "hf_config", None)
+    eligible = (not switched_off() and drafter.method == "mtp"
+                and getattr(config, "num_speculative_tokens_per_batch_size", None) is not None
+                and not getattr(drafter, "needs_extra_input_slots", False)
+                and not getattr(drafter, "uses_mrope", False)
+                and getattr(parallel, "decode_context_parallel_size", 1) == 1
+                and getattr(hf_config, "hc_mult", None) is None)
+    backlog = FirstPassBacklog(drafter.max_num_tokens) if eligible else None
+    setattr(drafter, BACKLOG, backlog)
+    if backlog is not None:
+        logger.info("vllm-mtp-plugin: %s: k = 0 steps skip the MTP layer, the next step that "
+                    "runs it catches up (at most %d rows kept)", NAME, backlog.capacity)
+    return backlog
+
+
+def _deferring(propose):
+    """The drafter's side: a deferrable step the runner left to it is kept here; any other step
+    first catches up the kept rows of its requests."""
+    signature = inspect.signature(propose)
+
+    @functools.wraps(propose)
+    def propose_deferring_k0(self, *args, **kwargs):
+        step = getattr(self, STEP, None)
+        backlog = getattr(self, BACKLOG, None) if step is not None else None
+        if backlog is None:
+            return propose(self, *args, **kwargs)
+        call = signature.bind(self, *args, **kwargs).arguments
+        n = call["common_attn_metadata"].num_reqs
+        if step.deferrable and call["num_speculative_tokens"] == 0 and \
+                call.get("mm_embed_inputs") is None:
+            return defer(self, backlog, step, call["next_token_ids"][:n],
+                         call["target_hidden_states"][:n])
+        catch_up = backlog.take(step.req_ids, step.starts)
+        if catch_up is not None:
+            run_catch_up(propose, self, catch_up, call["common_attn_metadata"], call)
+        return propose(self, *args, **kwargs)
+
+    propose_deferring_k0.patch = NAME
+    return propose_deferring_k0
+
+
+def first_positions(cad) -> list[int]:
+    """Where each request's tokens of this step start (context length before the step)."""
+    seq_lens = cad.seq_lens_cpu_upper_bound
+    seq_lens = (seq_lens if seq_lens is not None else cad.seq_lens).tolist()
+    query_start = cad.query_start_loc_cpu.tolist()
+    return [int(s) - (query_start[i + 1] - query_start[i]) for i, s in enumerate(seq_lens)]
+
+
+def one_decode_token_each(cad, starts: list[int], prompt_lens: list[int]) -> bool:
+    """A step the layer may skip at k = 0: one token per request (so no draft verified, none
+    rejected), every request past its prompt (a one-token chunk of a prompt samples a token vLLM
+    throws away)."""
+    return (cad.max_query_len == 1 and cad.num_actual_tokens == cad.num_reqs
+            and all(start >= n for start, n in zip(starts, prompt_lens)))
+
+
+def run_catch_up(propose, drafter, catch_up, cad, call) -> None:
+    """The kept rows through vLLM's own first pass at k = 0: each request one query of its
+    skipped positions, its block-table row from this step, its context up to its first one."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    device = cad.query_start_loc.device
+    lens = torch.tensor(catch_up.query_lens, dtype=torch.int32)
+    query_start = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    torch.cumsum(lens, 0, out=query_start[1:])
+    seq_lens = torch.tensor([f + n for f, n in zip(catch_up.first_positions, catch_up.query_lens)],
+                            dtype=torch.int32)
+    rows = torch.tensor(catch_up.batch_rows, dtype=torch.long, device=device)
+    block_table = cad.block_table_tensor.index_select(0, rows)
+    positions = catch_up.positions.to(device)
+    owner = torch.repeat_interleave(torch.arange(len(lens), device=device), lens.to(device))
+    block_size = drafter.block_size
+    slots = (block_table[owner, positions // block_size].to(torch.int64) * block_size
+             + positions % block_size)
+    catch_up_cad = CommonAttentionMetadata(
+        query_start_loc=query_start.to(device), query_start_loc_cpu=query_start,
+        seq_lens=seq_lens.to(device), num_reqs=len(lens), num_actual_tokens=int(lens.sum()),
+        max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()),
+        block_table_tensor=block_table, slot_mapping=slots.to(cad.slot_mapping.dtype),
+        positions=positions, seq_lens_cpu_upper_bound=seq_lens)
+    tokens = catch_up.tokens.to(device)
+    last = query_start[1:].to(device).long() - 1
+    propose(drafter, 0, torch.roll(tokens, 1), positions,
+            catch_up.hidden.to(call["target_hidden_states"].dtype), tokens[last], None,
+            catch_up_cad, call["sampling_metadata"])
+
+
+PATCH = Patch(NAME, probe, deferred_first_pass_at_k0, UNPATCHED)
