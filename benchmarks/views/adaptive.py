@@ -8,10 +8,11 @@ arms of ``SHIFT`` and says so."""
 from __future__ import annotations
 
 
-from .common import ROOT, load, source_line, table
+from .common import ROOT, bench_rows, load, source_line, table
 
 SHIFT = "benchmarks/results/adaptive-shift/shift.json"
 RERUN = "benchmarks/results/adaptive-shift/rerun/shift.json"
+STEADY = "benchmarks/results/adaptive-steady/trained-c1/results.json"
 
 
 def _ratios(adaptive: dict, fixed: dict) -> tuple[list[float], float]:
@@ -64,3 +65,30 @@ def shift_ratio(rerun: bool = False) -> str:
     return f"{_ratios(adaptive, fixed)[1]:.2f}×"
 
 
+
+
+def steady_table(relative: str = STEADY) -> str:
+    """Per prompt kind and temperature: each speculative arm's output tokens per second against
+    k = 0 (no speculation) of the same engine run, with the range over engine processes."""
+    rows = []
+    for base in bench_rows(relative, k=0, floor_only=False):
+        cells = [base["prompts"], f"{base['temperature']:g}", f"{base['concurrency']}",
+                 f"{base['output_tok_s']:.0f}"]
+        for impl in ("plugin", "adaptive"):
+            for arm in bench_rows(relative, impl=impl, prompts=base["prompts"],
+                                  temperature=base["temperature"],
+                                  concurrency=base["concurrency"]):
+                if arm["k"] == 0:
+                    continue
+                low, high = (min(arm["output_tok_s_processes"]) / base["output_tok_s"],
+                             max(arm["output_tok_s_processes"]) / base["output_tok_s"])
+                cells.append(f"{arm['speedup']:.2f}× ({low:.2f}–{high:.2f})")
+        rows.append(cells)
+    first = bench_rows(relative, impl="adaptive")[0]
+    header = ["prompts", "T", "c", "k = 0 tok/s", f"k = {first['k']} ÷ k = 0",
+              f"adaptive (k ≤ {first['k']}) ÷ k = 0"]
+    processes = sorted({r["processes"] for r in bench_rows(relative)})
+    return (f"{table(header, rows)}\n\nMedian output tokens per second of "
+            f"{'/'.join(map(str, processes))} engine processes per configuration, alternated; "
+            f"the range is over those processes against k = 0's median; speculative rows with "
+            f"{first['draft_sample_method'] or 'greedy'} drafts. {source_line(relative)}")

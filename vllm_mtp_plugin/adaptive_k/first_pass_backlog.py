@@ -11,7 +11,9 @@ next first pass, every request's skipped positions as one query: the cache ends 
 had run at every step (``patches/deferred_first_pass_at_k0.py`` runs them).
 
 Bounded: at most ``capacity`` rows (the drafter's own input buffer, so the catch-up fits one
-forward); a step that would pass it runs the layer as vLLM does, catching up first.
+forward); a step that would pass it runs the layer as vLLM does, catching up first. While rows
+are taken they are gathered into one piece and the rest compacted: for that moment up to three
+times the kept rows.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class FirstPassBacklog:
         self.hidden: list[torch.Tensor] = []
         self.owners: list[str] = []  # the request of every row, in row order
         self.next_position: dict[str, int] = {}
+        self.previous_step_verified = False  # the runner's last step verified drafts
+        self.full_blocks_cached = False  # prefix caching: a full block is shared at once
         self.deferred_steps = 0
         self.catch_ups = 0
         self.caught_up_rows = 0
@@ -88,11 +92,12 @@ class FirstPassBacklog:
             del self.next_position[r]
         self._keep_rows(keep)
 
-    def take(self, req_ids: list[str], first_positions: list[int]) -> CatchUp | None:
+    def take(self, req_ids: list[str], first_positions: list[int],
+             only: set[str] | None = None) -> CatchUp | None:
         """The rows of the batch's requests (``req_ids[i]`` starts this step at
-        ``first_positions[i]``) whose kept rows end right there; they leave the backlog. Rows of
-        a request whose step starts elsewhere are dropped (nothing can place them any more);
-        rows of requests not in the batch stay."""
+        ``first_positions[i]``; ``only``: of these requests alone) whose kept rows end right
+        there; they leave the backlog. Rows of a request whose step starts elsewhere are dropped
+        (nothing can place them any more); rows of requests not taken stay."""
         if not self.owners:
             return None
         rows_of: dict[str, list[int]] = {}
@@ -100,7 +105,7 @@ class FirstPassBacklog:
             rows_of.setdefault(r, []).append(i)
         chosen, in_batch = [], set()
         for batch_row, (r, first) in enumerate(zip(req_ids, first_positions)):
-            if r in rows_of:
+            if r in rows_of and (only is None or r in only):
                 in_batch.add(r)
                 if self.next_position.pop(r) == first:
                     chosen.append((len(rows_of[r]), batch_row, r))

@@ -21,6 +21,7 @@ PROPOSER_READS = ("if self.num_speculative_tokens == 0:", "set_inputs_first_pass
 UNPATCHED = ("A step at k = 0 (adaptive k, or a num_speculative_tokens_per_batch_size table with "
              "k = 0) still runs the MTP layer over its tokens, as vLLM does: slower than serving "
              "without speculation by that layer's share of a step.")
+_vllm_propose = None  # vLLM's SpecDecodeBaseProposer.propose, kept by _install_proposer
 BACKLOG = "_mtp_first_pass_backlog"  # the drafter's backlog (None: not deferring)
 STEP = "_mtp_first_pass_step"  # the runner's step, while it proposes
 SWITCH = "VLLM_MTP_DEFERRED_FIRST_PASS"  # 0: every k = 0 step runs the layer, as in vLLM
@@ -80,7 +81,9 @@ def _install_proposer(module) -> None:
         logger.warning("vllm-mtp-plugin: %s not applied: %s. %s", NAME, NotFound(
             f"{PROPOSER_MODULE}.SpecDecodeBaseProposer.propose reading {missing}"), UNPATCHED)
         return
+    global _vllm_propose
     if getattr(propose, "patch", None) != NAME:
+        _vllm_propose = propose
         proposer.propose = _deferring(propose)
 
 
@@ -113,15 +116,27 @@ def _naming_requests(propose_draft_token_ids):
             self, scheduler_output, sampled_token_ids, *args, **kwargs).arguments
         batch = self.input_batch
         n = batch.num_reqs
-        step = Step(req_ids=list(batch.req_ids[:n]),
-                    starts=first_positions(call["common_attn_metadata"]))
-        backlog.forget([*scheduler_output.finished_req_ids,
-                        *(getattr(scheduler_output, "preempted_req_ids", None) or ())])
-        step.deferrable = (scheduler_output.num_spec_tokens_to_schedule == 0
-                           and one_decode_token_each(call["common_attn_metadata"], step.starts,
+        cad = call["common_attn_metadata"]
+        step = Step(req_ids=list(batch.req_ids[:n]), starts=first_positions(cad), cad=cad,
+                    sampling_metadata=call["sampling_metadata"])
+        # Rows of requests the runner no longer holds (finished, even at a step that drafted
+        # nothing) or that were preempted (recomputed later) go.
+        backlog.forget([r for r in backlog.next_position if r not in self.requests])
+        backlog.forget(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        discarded = getattr(self, "discard_request_mask", None)
+        # Under async scheduling a step after one that verified drafts has optimistic
+        # positions (every draft assumed accepted): not deferred.
+        optimistic = getattr(self, "use_async_scheduling", False) and backlog.previous_step_verified
+        backlog.previous_step_verified = any(scheduler_output.scheduled_spec_decode_tokens.values())
+        step.deferrable = (scheduler_output.num_spec_tokens_to_schedule == 0 and not optimistic
+                           and one_decode_token_each(cad, step.starts,
                                                      batch.num_prompt_tokens[:n].tolist())
+                           and (discarded is None or not discarded.np[:n].any())
                            and call.get("aux_hidden_states") is None
                            and backlog.fits(n))
+        if step.deferrable and backlog.full_blocks_cached:
+            step.block_ends = {r for r, start in zip(step.req_ids, step.starts)
+                               if (start + 1) % drafter.block_size == 0}
         if (step.deferrable and isinstance(sampled_token_ids, torch.Tensor)
                 and getattr(self, "valid_sampled_token_count_event", None) is None
                 and getattr(self.get_model(), "get_mtp_target_hidden_states", None) is None):
@@ -151,12 +166,23 @@ class Step:
 
     req_ids: list[str]
     starts: list[int]  # where each request's tokens of the step start
+    cad: object  # the step's CommonAttentionMetadata (block-table rows, slot dtype)
+    sampling_metadata: object
     deferrable: bool = False
+    # Requests whose KV block this step fills: with prefix caching vLLM may hand that block to
+    # another request at once, so the layer's KV in it must be written now.
+    block_ends: set = dataclasses.field(default_factory=set)
 
 
 def defer(drafter, backlog, step: Step, next_tokens: torch.Tensor, hidden: torch.Tensor):
-    """Keep the step's rows; no drafts (vLLM's k = 0 answer)."""
+    """Keep the step's rows, catch up at once the requests whose block the step filled; no
+    drafts (vLLM's k = 0 answer)."""
     backlog.defer(step.req_ids, step.starts, next_tokens, hidden)
+    if step.block_ends:
+        catch_up = backlog.take(step.req_ids, [s + 1 for s in step.starts], only=step.block_ends)
+        if catch_up is not None:
+            run_catch_up(_vllm_propose, drafter, catch_up, step.cad, step.sampling_metadata,
+                         hidden.dtype)
     drafter.num_speculative_tokens = 0
     drafter._last_draft_probs = None
     return torch.empty(len(step.req_ids), 0, dtype=torch.int64, device=next_tokens.device)
@@ -174,12 +200,18 @@ def backlog_for(drafter):
     parallel = drafter.vllm_config.parallel_config
     hf_config = getattr(drafter.draft_model_config, "hf_config", None)
     eligible = (not switched_off() and drafter.method == "mtp"
+                # a proposer of its own (another model's MTP) would never catch up
+                and getattr(getattr(type(drafter), "propose", None), "patch", None) == NAME
                 and getattr(config, "num_speculative_tokens_per_batch_size", None) is not None
                 and not getattr(drafter, "needs_extra_input_slots", False)
                 and not getattr(drafter, "uses_mrope", False)
                 and getattr(parallel, "decode_context_parallel_size", 1) == 1
+                and getattr(parallel, "prefill_context_parallel_size", 1) == 1
                 and getattr(hf_config, "hc_mult", None) is None)
     backlog = FirstPassBacklog(drafter.max_num_tokens) if eligible else None
+    if backlog is not None:
+        cache = getattr(drafter.vllm_config, "cache_config", None)
+        backlog.full_blocks_cached = bool(getattr(cache, "enable_prefix_caching", False))
     setattr(drafter, BACKLOG, backlog)
     if backlog is not None:
         logger.info("vllm-mtp-plugin: %s: k = 0 steps skip the MTP layer, the next step that "
@@ -206,7 +238,8 @@ def _deferring(propose):
                          call["target_hidden_states"][:n])
         catch_up = backlog.take(step.req_ids, step.starts)
         if catch_up is not None:
-            run_catch_up(propose, self, catch_up, call["common_attn_metadata"], call)
+            run_catch_up(propose, self, catch_up, call["common_attn_metadata"],
+                         call["sampling_metadata"], call["target_hidden_states"].dtype)
         return propose(self, *args, **kwargs)
 
     propose_deferring_k0.patch = NAME
@@ -229,7 +262,7 @@ def one_decode_token_each(cad, starts: list[int], prompt_lens: list[int]) -> boo
             and all(start >= n for start, n in zip(starts, prompt_lens)))
 
 
-def run_catch_up(propose, drafter, catch_up, cad, call) -> None:
+def run_catch_up(propose, drafter, catch_up, cad, sampling_metadata, dtype) -> None:
     """The kept rows through vLLM's own first pass at k = 0: each request one query of its
     skipped positions, its block-table row from this step, its context up to its first one."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -255,9 +288,8 @@ def run_catch_up(propose, drafter, catch_up, cad, call) -> None:
         positions=positions, seq_lens_cpu_upper_bound=seq_lens)
     tokens = catch_up.tokens.to(device)
     last = query_start[1:].to(device).long() - 1
-    propose(drafter, 0, torch.roll(tokens, 1), positions,
-            catch_up.hidden.to(call["target_hidden_states"].dtype), tokens[last], None,
-            catch_up_cad, call["sampling_metadata"])
+    propose(drafter, 0, torch.roll(tokens, 1), positions, catch_up.hidden.to(dtype), tokens[last],
+            None, catch_up_cad, sampling_metadata)
 
 
 PATCH = Patch(NAME, probe, deferred_first_pass_at_k0, UNPATCHED)

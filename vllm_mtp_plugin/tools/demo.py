@@ -5,7 +5,10 @@ language model and its MTP layer trained together on Django's documentation and 
 ``vllm-mtp serve`` on 127.0.0.1 with ``--speculative-config '{"method": "mtp", ...}'``, sends code,
 prose and chat prompts with the ``openai`` client, reads ``/metrics`` around each kind of prompt,
 prints what the model wrote and the acceptance per draft position per kind, and stops the server.
-That acceptance is measured by vLLM's counters; nothing in the model sets it. The chat prompts go
+That acceptance is measured by vLLM's counters; nothing in the model sets it. The same requests
+then go to a second server without speculative decoding, and the output tokens per second of both
+are printed side by side (one run each, one request at a time: not a benchmark; ``--no-baseline``
+skips it). ``--adaptive-k`` (or ``VLLM_MTP_ADAPTIVE_K=1``) lets the plugin choose k per step. The chat prompts go
 once more sampled (``--sampled-temperature``, 0.6 by default, as DeepSeek recommends for R1; seeded),
 served with probabilistic drafts (``--draft-sample-method``): at temperature > 0 they are accepted
 far more often than vLLM's default argmax drafts, and greedy requests draft by argmax either way.
@@ -29,6 +32,8 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
+
+from vllm_mtp_plugin.patches.adaptive_k_in_scheduler import switched_on as adaptive_k_switched_on
 
 from .engine import metrics
 from .engine.eager_reasons import eager_serve_args
@@ -108,6 +113,12 @@ def parse_args(argv):
                         "from the MTP layer's distribution, which sampled requests accept more "
                         "often; greedy is vLLM's default")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    p.add_argument("--adaptive-k", action="store_true",
+                   help="choose k per step, 0 up to -k, from measured acceptance and step cost "
+                        "(VLLM_MTP_ADAPTIVE_K=1, docs/adaptive-k.md)")
+    p.add_argument("--no-baseline", dest="baseline", action="store_false",
+                   help="skip the second server without speculative decoding (by default the "
+                        "same requests go to it too, and both rates are printed side by side)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the constructed checkpoints' weights and of sampled requests")
     p.add_argument("--log", default=None,
@@ -158,22 +169,26 @@ def send(client, model: str, kind: str, prompt: str, max_tokens: int,
 
 
 def measure_by_kind(client, base_url: str, model: str, prompts: list[tuple[str, str, float]],
-                    max_tokens: int, base_temperature: float,
-                    seed: int = 0) -> dict[str, tuple[object, int]]:
+                    max_tokens: int, base_temperature: float, seed: int = 0,
+                    show_replies: bool = True) -> dict[str, tuple[object, int, float]]:
     """Per kind (and temperature, where it is not ``base_temperature``): the counters'
-    difference over its requests and the tokens generated. Sampled requests are seeded."""
+    difference over its requests, the tokens generated and the seconds they took (one request
+    at a time). Sampled requests are seeded."""
     def label(kind: str, temperature: float) -> str:
         return kind if temperature == base_temperature else f"{kind}, T={temperature:g}"
 
-    results: dict[str, tuple[object, int]] = {}
+    results: dict[str, tuple[object, int, float]] = {}
     for name in dict.fromkeys(label(k, t) for k, _, t in prompts):
-        before, generated = metrics.scrape(base_url), 0
+        before, generated, seconds = metrics.scrape(base_url), 0, 0.0
         for i, (kind, prompt, t) in enumerate(p for p in prompts if label(p[0], p[2]) == name):
+            started = time.monotonic()
             text, tokens = send(client, model, kind, prompt, max_tokens, t,
                                 seed + i if t > 0 else None)
+            seconds += time.monotonic() - started
             generated += tokens
-            print(f"[demo] {name:<10} {prompt[:40]!r:44} -> {tokens} tokens: {text[:60]!r}")
-        results[name] = (metrics.scrape(base_url) - before, generated)
+            if show_replies:
+                print(f"[demo] {name:<10} {prompt[:40]!r:44} -> {tokens} tokens: {text[:60]!r}")
+        results[name] = (metrics.scrape(base_url) - before, generated, seconds)
     return results
 
 
@@ -189,10 +204,10 @@ def engine_dtype_args() -> list[str]:
 
 
 def print_report(results: dict, k: int, elapsed: float, trained: bool) -> None:
-    total = sum(tokens for _, tokens in results.values())
+    total = sum(tokens for _, tokens, _ in results.values())
     print(f"\n[demo] {total} tokens in {elapsed:.1f} s; speculative decoding, k={k}, "
           "from vLLM's /metrics counters:")
-    for kind, (delta, _) in results.items():
+    for kind, (delta, _, _) in results.items():
         print(f"\n{kind}:" if len(results) > 1 else "")
         print(metrics.format_table(delta))
     if trained:
@@ -200,10 +215,57 @@ def print_report(results: dict, k: int, elapsed: float, trained: bool) -> None:
               "above is what vLLM's verifier accepted; nothing in the checkpoint sets it)")
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def serve_and_measure(model: Path, serve_args: list[str], env: dict, log: Path, args,
+                      prompts, show_replies: bool = True) -> tuple[dict, float] | None:
+    """Start ``vllm-mtp serve``, send the prompts one at a time, stop it: the per-kind results
+    and the seconds the requests took (None: the server failed, said on stderr)."""
     from openai import OpenAI
 
+    server = Server(model, serve_args, log_path=log, env=env)
+    started = time.monotonic()
+    print(f"[demo] starting vllm-mtp serve on {server.base_url} (log: {log})")
+    try:
+        server.start(args.timeout, progress=lambda line: print(
+            f"[demo] {time.monotonic() - started:5.0f}s  {line}", flush=True))
+        print(f"[demo] server ready after {time.monotonic() - started:.0f} s")
+        client = OpenAI(base_url=server.base_url, api_key="EMPTY")
+        t0 = time.monotonic()
+        results = measure_by_kind(client, server.base_url, "mtp-demo", prompts,
+                                  args.max_tokens, args.temperature, args.seed, show_replies)
+        return results, time.monotonic() - t0
+    except ServerError as exc:
+        print(f"[demo] {exc}", file=sys.stderr)
+        return None
+    finally:
+        server.stop()
+
+
+def mtp_label(args) -> str:
+    k = args.num_speculative_tokens
+    return f"MTP, adaptive k <= {k}" if args.adaptive_k else f"MTP, k={k}"
+
+
+def print_rates(results: dict, baseline: dict, label: str) -> None:
+    """Output tokens per second per kind, with MTP and without, side by side: one run each,
+    requests one at a time (``vllm-mtp bench`` measures with repeats and spread)."""
+    print(f"\n[demo] output tokens per second, one request at a time, one run each "
+          f"(vllm-mtp bench measures speed with repeats):")
+    header = f"{'':<14}{label:>22}{'without speculation':>22}{'ratio':>8}"
+    print(header)
+    totals = [0, 0.0, 0, 0.0]
+    for kind, (_, tokens, seconds) in results.items():
+        _, base_tokens, base_seconds = baseline[kind]
+        rate, base = tokens / seconds, base_tokens / base_seconds
+        totals = [totals[0] + tokens, totals[1] + seconds, totals[2] + base_tokens,
+                  totals[3] + base_seconds]
+        print(f"{kind:<14}{rate:>22.1f}{base:>22.1f}{rate / base:>7.2f}x")
+    rate, base = totals[0] / totals[1], totals[2] / totals[3]
+    print(f"{'all':<14}{rate:>22.1f}{base:>22.1f}{rate / base:>7.2f}x")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.adaptive_k = args.adaptive_k or adaptive_k_switched_on()
     if args.variant == "v4" and args.mode == "trained" and not args.model:
         print("[demo] the trained tiny model is a DeepSeek-V3; with --variant v4 choose --mode "
               "oracle, noisy or random", file=sys.stderr)
@@ -234,26 +296,25 @@ def main(argv=None) -> int:
         if needs_interpreter():
             print(f"[demo] NOTE: {V4_HARNESS_NOTE}.")
     log = Path(args.log) if args.log else cache_dir() / "demo-server.log"
-    server = Server(model, serve_args, log_path=log, env=env)
-    started = time.monotonic()
-    print(f"[demo] starting vllm-mtp serve on {server.base_url} (log: {log}) with {json.dumps(spec)}")
-    try:
-        server.start(args.timeout, progress=lambda line: print(
-            f"[demo] {time.monotonic() - started:5.0f}s  {line}", flush=True))
-        print(f"[demo] server ready after {time.monotonic() - started:.0f} s")
-        client = OpenAI(base_url=server.base_url, api_key="EMPTY")
-        t0 = time.monotonic()
-        prompts = with_sampled_chat(
-            demo_prompts(args.mode if not args.model else "constructed", args.requests),
-            args.temperature, args.sampled_temperature)
-        results = measure_by_kind(client, server.base_url, "mtp-demo", prompts,
-                                  args.max_tokens, args.temperature, args.seed)
-        elapsed = time.monotonic() - t0
-    except ServerError as exc:
-        print(f"[demo] {exc}", file=sys.stderr)
+    prompts = with_sampled_chat(
+        demo_prompts(args.mode if not args.model else "constructed", args.requests),
+        args.temperature, args.sampled_temperature)
+    mtp_env = {**env, "VLLM_MTP_ADAPTIVE_K": "1"} if args.adaptive_k else env
+    print(f"[demo] serving with {json.dumps(spec)}"
+          + (" and adaptive k (VLLM_MTP_ADAPTIVE_K=1)" if args.adaptive_k else ""))
+    served = serve_and_measure(model, serve_args, mtp_env, log, args, prompts)
+    if served is None:
         return 1
-    finally:
-        server.stop()
+    results, elapsed = served
+    baseline = None
+    if args.baseline and args.variant == "v3":  # V4 here runs interpreted: its rates say nothing
+        plain_args = serve_args[2:]  # without --speculative-config
+        print("[demo] the same requests without speculative decoding (a second server)")
+        served = serve_and_measure(model, plain_args, env, log.with_name(log.stem + "-baseline.log"),
+                                   args, prompts, show_replies=False)
+        if served is None:
+            return 1
+        baseline = served[0]
     print_report(results, args.num_speculative_tokens, elapsed,
                  args.mode == "trained" and not args.model)
     meta_path = model / "tiny_meta.json"
@@ -262,4 +323,6 @@ def main(argv=None) -> int:
         if expected is not None:
             print(f"(the tiny checkpoint's drafter was built to be right {expected:.0%} of the "
                   "time at position 0: its argmax, what greedy requests see)")
-    return 0 if all(delta.num_drafts > 0 for delta, _ in results.values()) else 1
+    if baseline is not None:
+        print_rates(results, baseline, mtp_label(args))
+    return 0 if all(delta.num_drafts > 0 for delta, _, _ in results.values()) else 1

@@ -143,4 +143,15 @@ def test_demo_runs_end_to_end_on_the_trained_model(tmp_path):
         firsts.append(first)
     assert len(set(firsts)) > 1
     assert "nothing in the checkpoint sets it" in out.stdout
+    # The same requests without speculation on a second server: both rates side by side, per
+    # kind and overall, the ratio theirs.
+    assert "[demo] the same requests without speculative decoding" in out.stdout
+    assert out.stdout.count("server ready after") == 2
+    rates = re.findall(r"^(code|prose|chat|chat, T=0\.6|all) +([\d.]+) +([\d.]+) +([\d.]+)x$",
+                       out.stdout.split("[demo] output tokens per second", 1)[1], re.M)
+    assert [kind for kind, *_ in rates] == ["code", "prose", "chat", "chat, T=0.6", "all"], rates
+    for kind, with_mtp, without, ratio in rates:
+        assert float(with_mtp) > 0 and float(without) > 0, (kind, with_mtp, without)
+        assert abs(float(ratio) - float(with_mtp) / float(without)) < 0.01, (kind, ratio)
+    assert "MTP, k=2" in out.stdout.split("[demo] output tokens per second", 1)[1]
     assert (tmp_path / "vllm-mtp-plugin" / "tiny-trained" / "model.safetensors").exists()

@@ -48,6 +48,14 @@ def test_rows_that_no_longer_fit_the_request_are_dropped_and_others_wait():
     assert backlog.take(["r3"], [11]) is None
 
 
+def test_only_the_named_requests_are_taken():
+    backlog = FirstPassBacklog(capacity=64)
+    step(backlog, ["r1", "r2"], [15, 20])
+    catch_up = backlog.take(["r1", "r2"], [16, 21], only={"r1"})
+    assert catch_up.batch_rows == [0] and catch_up.positions.tolist() == [15]
+    assert backlog.owners == ["r2"] and backlog.take(["r1", "r2"], [17, 21]).batch_rows == [1]
+
+
 def test_a_position_that_does_not_follow_restarts_the_request():
     backlog = FirstPassBacklog(capacity=64)
     step(backlog, ["r1"], [5])
@@ -98,7 +106,19 @@ def test_only_one_decode_token_per_request_past_its_prompt_is_deferred():
     assert not patch.one_decode_token_each(verify, patch.first_positions(verify), [1, 1])
 
 
-def drafter(**changes):
+class Proposer(types.SimpleNamespace):
+    def propose(self):
+        """Stands for vLLM's proposer as the patch leaves it."""
+
+    propose.patch = patch.NAME
+
+
+class OwnProposer(Proposer):
+    def propose(self):
+        """A proposer of its own (another model's MTP), which the patch does not wrap."""
+
+
+def drafter(cls=Proposer, **changes):
     config = types.SimpleNamespace(num_speculative_tokens_per_batch_size=[[1, 256, 0]])
     fields = dict(method="mtp", speculative_config=config, max_num_tokens=32,
                   needs_extra_input_slots=False, uses_mrope=False,
@@ -106,7 +126,7 @@ def drafter(**changes):
                       decode_context_parallel_size=1)),
                   draft_model_config=types.SimpleNamespace(hf_config=types.SimpleNamespace()))
     fields.update(changes)
-    return types.SimpleNamespace(**fields)
+    return cls(**fields)
 
 
 def test_the_backlog_is_made_only_where_the_layer_may_skip(monkeypatch):
@@ -118,6 +138,12 @@ def test_the_backlog_is_made_only_where_the_layer_may_skip(monkeypatch):
     v4 = types.SimpleNamespace(hf_config=types.SimpleNamespace(hc_mult=4))
     assert patch.backlog_for(drafter(draft_model_config=v4)) is None
     assert patch.backlog_for(drafter(needs_extra_input_slots=True)) is None
+    assert patch.backlog_for(drafter(OwnProposer)) is None
+    assert patch.backlog_for(drafter()).full_blocks_cached is False
+    caching = types.SimpleNamespace(parallel_config=types.SimpleNamespace(
+        decode_context_parallel_size=1), cache_config=types.SimpleNamespace(
+        enable_prefix_caching=True))
+    assert patch.backlog_for(drafter(vllm_config=caching)).full_blocks_cached is True
     monkeypatch.setenv(patch.SWITCH, "0")
     assert patch.backlog_for(drafter()) is None
 
