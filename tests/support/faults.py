@@ -147,8 +147,8 @@ def _drop_k0_rows(module) -> None:
     backlog = module.FirstPassBacklog
     take = backlog.take
 
-    def take_nothing(self, req_ids, first_positions):
-        take(self, req_ids, first_positions)  # the rows leave the backlog, unused
+    def take_nothing(self, *args, **kwargs):
+        take(self, *args, **kwargs)  # the rows leave the backlog, unused
         return None
 
     backlog.take = take_nothing

@@ -49,8 +49,9 @@ class FirstPassBacklog:
         self.hidden: list[torch.Tensor] = []
         self.owners: list[str] = []  # the request of every row, in row order
         self.next_position: dict[str, int] = {}
-        self.previous_step_verified = False  # the runner's last step verified drafts
-        self.full_blocks_cached = False  # prefix caching: a full block is shared at once
+        self.first_position: dict[str, int] = {}  # each request's first kept position
+        self.prefix_caching = False  # a full KV block may be shared at once
+        self.block_drop = False  # vLLM recomputes the last block a prefix hit matches
         self.deferred_steps = 0
         self.catch_ups = 0
         self.caught_up_rows = 0
@@ -75,6 +76,7 @@ class FirstPassBacklog:
         if broken:
             self.forget(broken)
         for r, p in zip(req_ids, positions):
+            self.first_position.setdefault(r, p)
             self.next_position[r] = p + 1
         self.owners.extend(req_ids)
         self.tokens.append(tokens.detach().clone())
@@ -90,6 +92,7 @@ class FirstPassBacklog:
         keep = [i for i, r in enumerate(self.owners) if r not in gone]
         for r in gone:
             del self.next_position[r]
+            self.first_position.pop(r, None)
         self._keep_rows(keep)
 
     def take(self, req_ids: list[str], first_positions: list[int],
@@ -107,6 +110,7 @@ class FirstPassBacklog:
         for batch_row, (r, first) in enumerate(zip(req_ids, first_positions)):
             if r in rows_of and (only is None or r in only):
                 in_batch.add(r)
+                self.first_position.pop(r, None)
                 if self.next_position.pop(r) == first:
                     chosen.append((len(rows_of[r]), batch_row, r))
         if not chosen:

@@ -56,7 +56,8 @@ __all__ = ["REGISTER_PATCHES", "NotFound", "Patch", "apply_register_patches"]
 REGISTER_PATCHES: tuple[Patch, ...] = tuple(module.PATCH for module in (
     check_mtp_checkpoint, expand_kernel_on_cpu, top_k_on_empty_batch, seeded_chunked_prefill_on_cpu,
     rotary_embedding_per_head_on_cpu, skip_unloadable_aot_cache, v4_cpu_tile_scheduler_keys,
-    mla_verify_as_decode, mla_dtype_on_amx, adaptive_k_in_scheduler, deferred_first_pass_at_k0))
+    mla_verify_as_decode, mla_dtype_on_amx, adaptive_k_in_scheduler,
+    deferred_first_pass_at_k0))
 
 
 def apply_register_patches() -> dict[str, str]:

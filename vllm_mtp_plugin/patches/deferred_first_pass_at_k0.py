@@ -8,8 +8,6 @@ import functools
 import inspect
 import os
 
-import torch
-
 from .framework import NotFound, Patch, logger
 from .import_hooks import after_import
 
@@ -18,6 +16,12 @@ RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 PROPOSER_MODULE = "vllm.v1.spec_decode.llm_base_proposer"
 # What vLLM's proposer must still do for the patch to apply (read in its source).
 PROPOSER_READS = ("if self.num_speculative_tokens == 0:", "set_inputs_first_pass")
+# The parameters the wrappers read and pass by name.
+PROPOSER_PARAMETERS = ("num_speculative_tokens", "target_token_ids", "target_positions",
+                       "target_hidden_states", "next_token_ids", "token_indices_to_sample",
+                       "common_attn_metadata", "sampling_metadata", "mm_embed_inputs")
+RUNNER_PARAMETERS = ("scheduler_output", "sampled_token_ids", "sampling_metadata",
+                     "hidden_states", "aux_hidden_states", "common_attn_metadata")
 UNPATCHED = ("A step at k = 0 (adaptive k, or a num_speculative_tokens_per_batch_size table with "
              "k = 0) still runs the MTP layer over its tokens, as vLLM does: slower than serving "
              "without speculation by that layer's share of a step.")
@@ -57,7 +61,10 @@ def deferred_first_pass_at_k0() -> None:
     layer (one that drafts, verifies or prefills, or whose rows would not fit the drafter's
     buffer) first runs the kept rows of its requests as one query each through vLLM's own
     ``propose`` at k = 0, then its own pass: the cache ends as if the layer had run at every
-    step, and the drafts are those of a layer that never skipped. Applies to MTP drafters with
+    step, and the drafts are those of a layer that never skipped. Not deferred: a step with a
+    sample vLLM throws away, or under async speculative decoding one whose positions are
+    optimistic; with prefix caching a step where a kept block must hold the layer's KV (it may be
+    shared as soon as it is full) catches the batch up at once. Applies to MTP drafters with
     per-step k on V1, not DeepSeek-V4's (hyper-connection states), nor with parallel drafting,
     M-RoPE or decode context parallelism (other input layouts); Model Runner V2 runs the layer at
     k = 0 as vLLM does. How to see it: adaptive k's engine test counts the layer's calls
@@ -77,6 +84,8 @@ def _install_proposer(module) -> None:
     except (OSError, TypeError):
         source = ""
     missing = [text for text in PROPOSER_READS if text not in source]
+    missing += [f"parameter {name}" for name in PROPOSER_PARAMETERS
+                if propose is not None and name not in inspect.signature(propose).parameters]
     if propose is None or missing:
         logger.warning("vllm-mtp-plugin: %s not applied: %s. %s", NAME, NotFound(
             f"{PROPOSER_MODULE}.SpecDecodeBaseProposer.propose reading {missing}"), UNPATCHED)
@@ -90,17 +99,20 @@ def _install_proposer(module) -> None:
 def _install_runner(module) -> None:
     runner = getattr(module, "GPUModelRunner", None)
     propose = getattr(runner, "propose_draft_token_ids", None)
-    if propose is None:
+    missing = [] if propose is None else [
+        name for name in RUNNER_PARAMETERS if name not in inspect.signature(propose).parameters]
+    if propose is None or missing:
         logger.warning("vllm-mtp-plugin: %s not applied: %s. %s", NAME, NotFound(
-            f"{RUNNER_MODULE}.GPUModelRunner.propose_draft_token_ids"), UNPATCHED)
+            f"{RUNNER_MODULE}.GPUModelRunner.propose_draft_token_ids taking {missing or 'it'}"),
+            UNPATCHED)
         return
     if getattr(propose, "patch", None) != NAME:
-        runner.propose_draft_token_ids = _naming_requests(propose)
+        runner.propose_draft_token_ids = _deferring_runner(propose)
 
 
-def _naming_requests(propose_draft_token_ids):
-    """The runner's side: which request each batch row is, which requests ended (their kept rows
-    go), whether the step may skip the layer. Such a step is deferred here, before vLLM prepares
+def _deferring_runner(propose_draft_token_ids):
+    """The runner's side: which request each batch row is, which requests are gone (their kept
+    rows go), whether the step may skip the layer. Such a step is deferred here, before vLLM prepares
     the drafter's inputs, where nothing else needs them (no async scheduling, which reads the
     prepared next tokens); otherwise the drafter's ``propose`` decides (``_deferring``)."""
 
@@ -124,20 +136,24 @@ def _naming_requests(propose_draft_token_ids):
         backlog.forget([r for r in backlog.next_position if r not in self.requests])
         backlog.forget(getattr(scheduler_output, "preempted_req_ids", None) or ())
         discarded = getattr(self, "discard_request_mask", None)
-        # Under async scheduling a step after one that verified drafts has optimistic
-        # positions (every draft assumed accepted): not deferred.
-        optimistic = getattr(self, "use_async_scheduling", False) and backlog.previous_step_verified
-        backlog.previous_step_verified = any(scheduler_output.scheduled_spec_decode_tokens.values())
+        # Under async speculative decoding a step after one that verified drafts has optimistic
+        # positions (every draft assumed accepted; vLLM corrects them on the device): not
+        # deferred. vLLM's own record of that, filled for this step in ``_update_states``.
+        previous_drafts = getattr(self, "prev_num_draft_tokens", None)
+        optimistic = bool(getattr(self, "use_async_spec_decode", False)
+                          and (previous_drafts is None or previous_drafts.np.any()))
         step.deferrable = (scheduler_output.num_spec_tokens_to_schedule == 0 and not optimistic
                            and one_decode_token_each(cad, step.starts,
                                                      batch.num_prompt_tokens[:n].tolist())
                            and (discarded is None or not discarded.np[:n].any())
                            and call.get("aux_hidden_states") is None
                            and backlog.fits(n))
-        if step.deferrable and backlog.full_blocks_cached:
-            step.block_ends = {r for r, start in zip(step.req_ids, step.starts)
-                               if (start + 1) % drafter.block_size == 0}
-        if (step.deferrable and isinstance(sampled_token_ids, torch.Tensor)
+        if step.deferrable and backlog.prefix_caching:
+            step.catch_up_all = any(
+                start + 1 >= block_needed(backlog.first_position.get(r, start),
+                                          drafter.block_size, backlog.block_drop)
+                for r, start in zip(step.req_ids, step.starts))
+        if (step.deferrable and not isinstance(sampled_token_ids, list)  # padded: a tensor
                 and getattr(self, "valid_sampled_token_count_event", None) is None
                 and getattr(self.get_model(), "get_mtp_target_hidden_states", None) is None):
             self._draft_probs = None
@@ -169,22 +185,32 @@ class Step:
     cad: object  # the step's CommonAttentionMetadata (block-table rows, slot dtype)
     sampling_metadata: object
     deferrable: bool = False
-    # Requests whose KV block this step fills: with prefix caching vLLM may hand that block to
-    # another request at once, so the layer's KV in it must be written now.
-    block_ends: set = dataclasses.field(default_factory=set)
+    # With prefix caching a full block may be handed to another request at once, so the layer's
+    # KV in it must be written by then: a step where some request's kept rows reach that point
+    # catches every request of the batch up (one forward), then nothing is due for a while.
+    catch_up_all: bool = False
+
+
+def block_needed(first_kept: int, block_size: int, block_drop: bool) -> int:
+    """The context length at which the block of a request's first kept position must hold the
+    layer's KV: when it is full, or, where vLLM recomputes the last block a prefix hit matches
+    for MTP drafters (``use_eagle_block_drop``), when the block after it is full."""
+    return (first_kept // block_size + (2 if block_drop else 1)) * block_size
 
 
 def defer(drafter, backlog, step: Step, next_tokens: torch.Tensor, hidden: torch.Tensor):
     """Keep the step's rows, catch up at once the requests whose block the step filled; no
     drafts (vLLM's k = 0 answer)."""
     backlog.defer(step.req_ids, step.starts, next_tokens, hidden)
-    if step.block_ends:
-        catch_up = backlog.take(step.req_ids, [s + 1 for s in step.starts], only=step.block_ends)
+    if step.catch_up_all:
+        catch_up = backlog.take(step.req_ids, [s + 1 for s in step.starts])
         if catch_up is not None:
             run_catch_up(_vllm_propose, drafter, catch_up, step.cad, step.sampling_metadata,
                          hidden.dtype)
     drafter.num_speculative_tokens = 0
     drafter._last_draft_probs = None
+    import torch
+
     return torch.empty(len(step.req_ids), 0, dtype=torch.int64, device=next_tokens.device)
 
 
@@ -211,7 +237,9 @@ def backlog_for(drafter):
     backlog = FirstPassBacklog(drafter.max_num_tokens) if eligible else None
     if backlog is not None:
         cache = getattr(drafter.vllm_config, "cache_config", None)
-        backlog.full_blocks_cached = bool(getattr(cache, "enable_prefix_caching", False))
+        backlog.prefix_caching = bool(getattr(cache, "enable_prefix_caching", False))
+        drop = getattr(config, "use_eagle_block_drop", None)
+        backlog.block_drop = bool(drop()) if callable(drop) else False
     setattr(drafter, BACKLOG, backlog)
     if backlog is not None:
         logger.info("vllm-mtp-plugin: %s: k = 0 steps skip the MTP layer, the next step that "
@@ -265,6 +293,7 @@ def one_decode_token_each(cad, starts: list[int], prompt_lens: list[int]) -> boo
 def run_catch_up(propose, drafter, catch_up, cad, sampling_metadata, dtype) -> None:
     """The kept rows through vLLM's own first pass at k = 0: each request one query of its
     skipped positions, its block-table row from this step, its context up to its first one."""
+    import torch
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     device = cad.query_start_loc.device
@@ -288,8 +317,10 @@ def run_catch_up(propose, drafter, catch_up, cad, sampling_metadata, dtype) -> N
         positions=positions, seq_lens_cpu_upper_bound=seq_lens)
     tokens = catch_up.tokens.to(device)
     last = query_start[1:].to(device).long() - 1
-    propose(drafter, 0, torch.roll(tokens, 1), positions, catch_up.hidden.to(dtype), tokens[last],
-            None, catch_up_cad, sampling_metadata)
+    propose(drafter, num_speculative_tokens=0, target_token_ids=torch.roll(tokens, 1),
+            target_positions=positions, target_hidden_states=catch_up.hidden.to(dtype),
+            next_token_ids=tokens[last], token_indices_to_sample=None,
+            common_attn_metadata=catch_up_cad, sampling_metadata=sampling_metadata)
 
 
 PATCH = Patch(NAME, probe, deferred_first_pass_at_k0, UNPATCHED)

@@ -56,6 +56,21 @@ def test_only_the_named_requests_are_taken():
     assert backlog.owners == ["r2"] and backlog.take(["r1", "r2"], [17, 21]).batch_rows == [1]
 
 
+def test_with_prefix_caching_a_kept_block_is_caught_up_before_it_can_be_shared():
+    """The first kept position's block must hold the layer's KV once it is full, or, where vLLM
+    recomputes the last block a prefix hit matches, once the block after it is full."""
+    assert patch.block_needed(0, 16, block_drop=False) == 16
+    assert patch.block_needed(15, 16, block_drop=False) == 16
+    assert patch.block_needed(16, 16, block_drop=False) == 32
+    assert patch.block_needed(5, 16, block_drop=True) == 32
+    backlog = FirstPassBacklog(capacity=64)
+    step(backlog, ["r1"], [14])
+    step(backlog, ["r1"], [15])
+    assert backlog.first_position == {"r1": 14}
+    backlog.take(["r1"], [16])
+    assert backlog.first_position == {}
+
+
 def test_a_position_that_does_not_follow_restarts_the_request():
     backlog = FirstPassBacklog(capacity=64)
     step(backlog, ["r1"], [5])
@@ -139,11 +154,14 @@ def test_the_backlog_is_made_only_where_the_layer_may_skip(monkeypatch):
     assert patch.backlog_for(drafter(draft_model_config=v4)) is None
     assert patch.backlog_for(drafter(needs_extra_input_slots=True)) is None
     assert patch.backlog_for(drafter(OwnProposer)) is None
-    assert patch.backlog_for(drafter()).full_blocks_cached is False
+    assert patch.backlog_for(drafter()).prefix_caching is False
     caching = types.SimpleNamespace(parallel_config=types.SimpleNamespace(
         decode_context_parallel_size=1), cache_config=types.SimpleNamespace(
         enable_prefix_caching=True))
-    assert patch.backlog_for(drafter(vllm_config=caching)).full_blocks_cached is True
+    config = types.SimpleNamespace(num_speculative_tokens_per_batch_size=[[1, 256, 0]],
+                                   use_eagle_block_drop=lambda: True)
+    made = patch.backlog_for(drafter(vllm_config=caching, speculative_config=config))
+    assert (made.prefix_caching, made.block_drop) == (True, True)
     monkeypatch.setenv(patch.SWITCH, "0")
     assert patch.backlog_for(drafter()) is None
 
@@ -161,3 +179,59 @@ def test_the_installed_vllm_reads_what_the_patch_needs():
 
     source = inspect.getsource(SpecDecodeBaseProposer.propose)
     assert all(text in source for text in patch.PROPOSER_READS)
+
+
+class FakeRunner:
+    """What the runner-side wrapper reads of vLLM's GPUModelRunner, two requests decoding."""
+
+    def __init__(self, **changes):
+        import numpy as np
+
+        self.drafter = drafter(block_size=16)
+        self.requests = {"r1": object(), "r2": object()}
+        self.input_batch = types.SimpleNamespace(req_ids=["r1", "r2"], num_reqs=2,
+                                                 num_prompt_tokens=np.array([4, 4]))
+        self.discard_request_mask = types.SimpleNamespace(np=np.zeros(2, dtype=bool))
+        self.use_async_spec_decode = False
+        self.valid_sampled_token_count_event = None
+        self.original_calls = 0
+        self.__dict__.update(changes)
+
+    def get_model(self):
+        return types.SimpleNamespace()
+
+
+def propose_step(runner, k=0, seq_lens=(9, 12)):
+    def original(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
+                 sample_hidden_states, aux_hidden_states, spec_decode_metadata,
+                 common_attn_metadata, slot_mappings):
+        self.original_calls += 1
+        return "vLLM's"
+
+    wrapped = patch._deferring_runner(original)
+    scheduler_output = types.SimpleNamespace(num_spec_tokens_to_schedule=k,
+                                             preempted_req_ids=set())
+    return wrapped(runner, scheduler_output, torch.tensor([[7], [8]]), None,
+                   torch.ones(2, HIDDEN), None, None, None, cad([1, 1], list(seq_lens)), None)
+
+
+def test_the_runner_defers_only_steps_whose_rows_are_what_the_layer_would_read():
+    runner = FakeRunner()
+    drafts = propose_step(runner)
+    assert tuple(drafts.shape) == (2, 0) and runner.original_calls == 0
+    backlog = runner.drafter._mtp_first_pass_backlog
+    assert backlog.rows == 2 and backlog.tokens[0].tolist() == [7, 8]
+    assert propose_step(runner, k=2, seq_lens=(10, 13)) == "vLLM's"  # drafts asked for
+    discarded = FakeRunner()
+    discarded.discard_request_mask.np[1] = True  # a sample vLLM throws away
+    assert propose_step(discarded) == "vLLM's"
+    optimistic = FakeRunner(use_async_spec_decode=True, prev_num_draft_tokens=types.SimpleNamespace(
+        np=torch.tensor([0, 2]).numpy()))  # positions assume the last drafts accepted
+    assert propose_step(optimistic) == "vLLM's"
+    gone = FakeRunner()
+    propose_step(gone)
+    gone.requests.pop("r2")  # finished at a step that drafted nothing; r3 took its place
+    gone.requests["r3"] = object()
+    gone.input_batch.req_ids = ["r1", "r3"]
+    propose_step(gone, seq_lens=(10, 13))
+    assert "r2" not in gone.drafter._mtp_first_pass_backlog.next_position
