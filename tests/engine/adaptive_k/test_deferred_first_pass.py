@@ -7,9 +7,9 @@ schedules: "long", where the four short requests run ~95 steps the layer skips, 
 query per request (MLA's prefill path); "short", four at a time (``max_num_seqs``) with a short
 request admitted every step or two, each admission a prefill that catches up one to a few rows per
 request (MLA's decode path, verification's as the plugin runs it); "cached", the "long" one
-longer and in bf16 on vLLM's AMX_MLA backend, which keeps prefix caching on: there a step that
-fills a KV block catches that request up at once (another request may share the block as soon as
-it is full), so the skipped steps are caught up block by block. A warm-up pass first, so the KV cache blocks the skipped
+longer and in bf16 on vLLM's AMX_MLA backend, which keeps prefix caching on: there a step at which
+a request's first kept block must hold the layer's KV (another request may share the block as
+soon as vLLM may hand it out) catches the batch up at once. A warm-up pass first, so the KV cache blocks the skipped
 positions map to hold an earlier request's values (what a busy server's cache holds). On the
 shipped trained tiny model (acceptance measured, not set by construction), fp32:
 
@@ -39,7 +39,7 @@ TABLE = [[1, 2, K], [3, 256, 0]]  # batch of 1-2: k = 2; more: k = 0
 # Output tokens per request (the first two are the long ones) and max_num_seqs, per schedule.
 SCHEDULES = {"long": ([160, 160, 96, 96, 96, 96], None),
              "short": ([120, 120, *[2, 3] * 15], 4),
-             "cached": ([230, 230, 150, 150, 150, 150], None)}
+             "cached": ([330, 330, 250, 250, 250, 250], None)}
 CACHED_DTYPE = "bfloat16"  # AMX_MLA: its block size (128) and prefix caching
 
 
@@ -87,8 +87,10 @@ def test_deferred_layer_drafts_as_one_that_never_skipped(run, schedule):
     elif schedule == "short":  # many catch-ups of a few rows per request
         assert deferred["catch_ups"] > 10, deferred
         assert deferred["caught_up_rows"] <= 4 * 3 * deferred["catch_ups"], deferred
-    else:  # each request's block filled during the stretch, caught up then: six more
-        assert deferred["catch_ups"] >= 2 + 6, deferred
+    else:  # one catch-up per pass (warm-up, measured) and, in each, at least one more when a
+        # request's first kept block had to hold the layer's KV (vLLM's MTP block drop: once the
+        # block after it, position 256 on AMX_MLA's blocks of 128, is full)
+        assert deferred["catch_ups"] >= 2 + 2, deferred
     assert deferred["rows_kept"] == 0, deferred
     assert on["token_ids"] == off["token_ids"]
     assert off["spec_decode"]["num_drafts"] >= 40, off["spec_decode"]

