@@ -28,6 +28,7 @@ pytestmark = pytest.mark.engine
 PROMPTS = [json.loads(line)["prompt"] for line in (trained.shipped_dir().parent /
                                                    "trained_prompts.jsonl").read_text().splitlines()]
 NOISE = 0.5
+TRAFFIC_MAX_TOKENS = (48, 80, 160)  # one client each, back to back
 
 
 ADMIN = "admin-key"
@@ -63,14 +64,14 @@ def adapted(tmp_path_factory):
                      **fault_env("round-1-head")}) as server:
         client = OpenAI(base_url=server.base_url, api_key="EMPTY", max_retries=0)
 
-        def traffic():
+        def traffic(max_tokens: int):
             i = 0
             while not stop.is_set():
                 flowing.wait()
                 try:
                     started = time.time()
                     done = client.completions.create(
-                        model="t", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=48,
+                        model="t", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=max_tokens,
                         temperature=0.0, extra_body={"return_token_ids": True})
                     pair = (list(done.choices[0].prompt_token_ids),
                             list(done.choices[0].token_ids))
@@ -81,7 +82,10 @@ def adapted(tmp_path_factory):
                     failures.append(repr(exc))
                 i += 1
 
-        threads = [threading.Thread(target=traffic) for _ in range(2)]
+        # Requests of three lengths: their ends fall at different steps, so a swap or rollback
+        # (a tenth of a second) always finds one in flight (with two of one length, both clients
+        # sometimes sat between requests at the moment of a swap).
+        threads = [threading.Thread(target=traffic, args=(n,)) for n in TRAFFIC_MAX_TOKENS]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 1200  # two rounds; the second trains on all recorded so far
@@ -132,9 +136,9 @@ def test_nothing_failed_and_outputs_stay_the_targets_own(adapted):
 
 
 def test_requests_in_flight_during_each_swap_give_the_targets_tokens(adapted):
-    """Each swap and rollback happened while requests ran (two clients, back to back): the
-    ones that spanned the whole reload - weights replaced under them between two steps - give
-    the target's own greedy tokens."""
+    """Each swap and rollback happened while requests ran (three clients of different lengths,
+    back to back): the ones that spanned the whole reload - weights replaced under them between
+    two steps - give the target's own greedy tokens."""
     swaps = [e for e in adapted["status"]["history"] if e["event"] in ("swapped", "rolled back")]
     assert len(swaps) == 3, swaps
     across = []

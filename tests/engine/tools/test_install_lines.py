@@ -96,7 +96,10 @@ def test_commands_without_an_engine(tmp_path):
 
 
 def test_the_demo_and_a_benchmark_with_an_engine(tmp_path):
-    out = ok(vllm_mtp(["demo", "--requests", "4", "--max-tokens", "16"], tmp_path, 900))
+    # One server: the demo's second one, without speculation, serves through the same code
+    # (test_server.py's demo test runs both).
+    out = ok(vllm_mtp(["demo", "--requests", "4", "--max-tokens", "16", "--no-baseline"],
+                      tmp_path, 900))
     assert "acceptance" in out.lower()
     ok(vllm_mtp(["bench", "offline", "-m", "tiny:oracle", "-k", "1", "--impl", "plugin",
                  "--num-prompts", "2", "--max-tokens", "8", "--repeats", "1", "--processes", "1",
