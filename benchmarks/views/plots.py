@@ -101,8 +101,11 @@ def bench_names(relative: str) -> list[str]:
         names.append("per_position_acceptance.png")
     if any(r.get("speedup") is not None for r in rows):
         names.append("speedup_vs_k.png")
-    if len({r["impl"] for r in rows}) > 1:
-        names.append("plugin_vs_in_tree.png")
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    if len(impls) > 1:
+        from vllm_mtp_plugin.tools.bench.report import implementations_picture
+
+        names.append(implementations_picture(impls)[0])
     return names
 
 

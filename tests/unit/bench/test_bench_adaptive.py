@@ -21,3 +21,15 @@ def test_the_switch_reaches_adaptive_engines_only():
     assert "VLLM_MTP_ADAPTIVE_K" not in child_env("plugin", exported)
     assert server_env("adaptive")["VLLM_MTP_ADAPTIVE_K"] == "1"
     assert server_env("plugin")["VLLM_MTP_ADAPTIVE_K"] == "0"
+
+
+def test_the_implementations_picture_is_named_for_what_it_compares():
+    """A run of the plugin against adaptive k is not drawn as "plugin vs in-tree"."""
+    from vllm_mtp_plugin.tools.bench.report import implementations_picture
+
+    assert implementations_picture(["plugin", "in-tree"]) == (
+        "plugin_vs_in_tree.png", "Plugin vs vLLM's in-tree MTP")
+    assert implementations_picture(["plugin", "in-tree", "vllm"])[0] == "plugin_vs_in_tree.png"
+    assert implementations_picture(["plugin", "adaptive"]) == (
+        "by_implementation.png", "Output tokens/s by implementation: plugin, adaptive")
+    assert implementations_picture(["plugin", "in-tree", "adaptive"])[0] == "by_implementation.png"

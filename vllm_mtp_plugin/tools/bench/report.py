@@ -200,6 +200,15 @@ def _save(plt, fig, ax, path: Path, integer_x: bool = True) -> Path:
     return path
 
 
+def implementations_picture(impls: list[str]) -> tuple[str, str]:
+    """File name and title of the bar chart of output tokens/s per implementation: against vLLM's
+    in-tree class, or whatever else the run compared (e.g. the plugin with and without adaptive
+    k)."""
+    if "in-tree" in impls and set(impls) <= {"plugin", "in-tree", "vllm"}:
+        return "plugin_vs_in_tree.png", "Plugin vs vLLM's in-tree MTP"
+    return "by_implementation.png", "Output tokens/s by implementation: " + ", ".join(impls)
+
+
 def plot_all(rows: list[dict], out_dir: Path) -> list[Path]:
     """Write the three plots; returns their paths (none when there is nothing to show, or no
     matplotlib)."""
@@ -257,8 +266,15 @@ def plot_all(rows: list[dict], out_dir: Path) -> list[Path]:
                          and (not rest or _series_label(r, rest) == g[0])]
                 values.append(match[0]["output_tok_s"] if match else 0.0)
             ax.bar([j + i * width for j in range(len(groups))], values, width, label=impl)
-        ax.set_xticks([j + width * (len(impls) - 1) / 2 for j in range(len(groups))],
-                      [f"{g[0]} k={g[1]}".strip() for g in groups], fontsize=8)
-        ax.set(ylabel="output tokens/s", title="Plugin vs vLLM's in-tree MTP")
-        paths.append(_save(plt, fig, ax, out_dir / "plugin_vs_in_tree.png", integer_x=False))
+        labels = [f"{g[0]} k={g[1]}".strip() for g in groups]
+        # Long labels (several settings vary) slanted, so that neighbours do not overlap.
+        slanted = max(map(len, labels)) * len(labels) > 60
+        ax.set_xticks([j + width * (len(impls) - 1) / 2 for j in range(len(groups))], labels,
+                      fontsize=7 if slanted else 8, rotation=40 if slanted else 0,
+                      ha="right" if slanted else "center")
+        if slanted:
+            fig.set_size_inches(min(max(6.4, 0.5 * len(labels)), 24), 5.5)
+        name, title = implementations_picture(impls)
+        ax.set(ylabel="output tokens/s", title=title)
+        paths.append(_save(plt, fig, ax, out_dir / name, integer_x=False))
     return paths
