@@ -40,7 +40,7 @@ class CatchUp:
 class FirstPassBacklog:
     """Rows of skipped steps: ``defer`` one decode step's, ``take`` what a batch needs."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, prefix_caching: bool = False, block_drop: bool = False):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1 row, got {capacity}")
         self.capacity = capacity
@@ -50,8 +50,8 @@ class FirstPassBacklog:
         self.owners: list[str] = []  # the request of every row, in row order
         self.next_position: dict[str, int] = {}
         self.first_position: dict[str, int] = {}  # each request's first kept position
-        self.prefix_caching = False  # a full KV block may be shared at once
-        self.block_drop = False  # vLLM recomputes the last block a prefix hit matches
+        self.prefix_caching = prefix_caching  # a full KV block may be shared at once
+        self.block_drop = block_drop  # vLLM recomputes the last block a prefix hit matches
         self.deferred_steps = 0
         self.catch_ups = 0
         self.caught_up_rows = 0
@@ -95,12 +95,11 @@ class FirstPassBacklog:
             self.first_position.pop(r, None)
         self._keep_rows(keep)
 
-    def take(self, req_ids: list[str], first_positions: list[int],
-             only: set[str] | None = None) -> CatchUp | None:
+    def take(self, req_ids: list[str], first_positions: list[int]) -> CatchUp | None:
         """The rows of the batch's requests (``req_ids[i]`` starts this step at
-        ``first_positions[i]``; ``only``: of these requests alone) whose kept rows end right
-        there; they leave the backlog. Rows of a request whose step starts elsewhere are dropped
-        (nothing can place them any more); rows of requests not taken stay."""
+        ``first_positions[i]``) whose kept rows end right there; they leave the backlog. Rows of
+        a request whose step starts elsewhere are dropped (nothing can place them any more); rows
+        of requests not in the batch stay."""
         if not self.owners:
             return None
         rows_of: dict[str, list[int]] = {}
@@ -108,7 +107,7 @@ class FirstPassBacklog:
             rows_of.setdefault(r, []).append(i)
         chosen, in_batch = [], set()
         for batch_row, (r, first) in enumerate(zip(req_ids, first_positions)):
-            if r in rows_of and (only is None or r in only):
+            if r in rows_of:
                 in_batch.add(r)
                 self.first_position.pop(r, None)
                 if self.next_position.pop(r) == first:

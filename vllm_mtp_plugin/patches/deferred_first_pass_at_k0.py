@@ -234,12 +234,14 @@ def backlog_for(drafter):
                 and getattr(parallel, "decode_context_parallel_size", 1) == 1
                 and getattr(parallel, "prefill_context_parallel_size", 1) == 1
                 and getattr(hf_config, "hc_mult", None) is None)
-    backlog = FirstPassBacklog(drafter.max_num_tokens) if eligible else None
-    if backlog is not None:
+    backlog = None
+    if eligible:
         cache = getattr(drafter.vllm_config, "cache_config", None)
-        backlog.prefix_caching = bool(getattr(cache, "enable_prefix_caching", False))
         drop = getattr(config, "use_eagle_block_drop", None)
-        backlog.block_drop = bool(drop()) if callable(drop) else False
+        backlog = FirstPassBacklog(
+            drafter.max_num_tokens,
+            prefix_caching=bool(getattr(cache, "enable_prefix_caching", False)),
+            block_drop=bool(drop()) if callable(drop) else False)
     setattr(drafter, BACKLOG, backlog)
     if backlog is not None:
         logger.info("vllm-mtp-plugin: %s: k = 0 steps skip the MTP layer, the next step that "

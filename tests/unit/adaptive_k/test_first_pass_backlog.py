@@ -48,10 +48,10 @@ def test_rows_that_no_longer_fit_the_request_are_dropped_and_others_wait():
     assert backlog.take(["r3"], [11]) is None
 
 
-def test_only_the_named_requests_are_taken():
+def test_requests_outside_the_batch_keep_their_rows():
     backlog = FirstPassBacklog(capacity=64)
     step(backlog, ["r1", "r2"], [15, 20])
-    catch_up = backlog.take(["r1", "r2"], [16, 21], only={"r1"})
+    catch_up = backlog.take(["r1"], [16])
     assert catch_up.batch_rows == [0] and catch_up.positions.tolist() == [15]
     assert backlog.owners == ["r2"] and backlog.take(["r1", "r2"], [17, 21]).batch_rows == [1]
 
