@@ -8,7 +8,7 @@ import functools
 import inspect
 import os
 
-from .framework import NotFound, Patch, logger
+from .framework import NotFound, Patch, logger, missing_in
 from .import_hooks import after_import
 
 NAME = "deferred_first_pass_at_k0"
@@ -79,13 +79,7 @@ def deferred_first_pass_at_k0() -> None:
 def _install_proposer(module) -> None:
     proposer = getattr(module, "SpecDecodeBaseProposer", None)
     propose = getattr(proposer, "propose", None)
-    try:
-        source = inspect.getsource(propose)
-    except (OSError, TypeError):
-        source = ""
-    missing = [text for text in PROPOSER_READS if text not in source]
-    missing += [f"parameter {name}" for name in PROPOSER_PARAMETERS
-                if propose is not None and name not in inspect.signature(propose).parameters]
+    missing = [] if propose is None else missing_in(propose, PROPOSER_READS, PROPOSER_PARAMETERS)
     if propose is None or missing:
         logger.warning("vllm-mtp-plugin: %s not applied: %s. %s", NAME, NotFound(
             f"{PROPOSER_MODULE}.SpecDecodeBaseProposer.propose reading {missing}"), UNPATCHED)

@@ -42,6 +42,19 @@ def cpu_only() -> str | None:
     return f"not a CPU platform ({type(current_platform).__name__})"
 
 
+def missing_in(function, reads: tuple[str, ...], parameters: tuple[str, ...]) -> list[str]:
+    """What of ``reads`` (texts of its source) and ``parameters`` vLLM's ``function`` no longer
+    has: a patch that wraps it relies on them."""
+    import inspect
+
+    try:
+        source, names = inspect.getsource(function), inspect.signature(function).parameters
+    except (OSError, TypeError, ValueError):
+        source, names = "", {}
+    return ([text for text in reads if text not in source]
+            + [f"parameter {name}" for name in parameters if name not in names])
+
+
 def replace_attribute(owner, name: str, ours, keep_in: dict, keep_as: str) -> None:
     """``owner.name = ours`` in one final assignment, vLLM's own first kept in the patch module's
     globals (``keep_in[keep_as]``) for the replacement to call; nothing when ``ours`` is there."""
