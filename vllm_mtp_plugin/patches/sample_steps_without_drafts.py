@@ -30,11 +30,12 @@ def sample_steps_without_drafts() -> None:
     draft: a prefill, or a k = 0 step of adaptive k or of a per-batch-size table. There
     ``RejectionSampler.forward`` (``v1/sample/rejection_sampler.py``) samples the bonus tokens
     with the sampler (``predict_bonus_token=True``), then processes zero target rows, runs the
-    rejection kernels over them and copies the bonus tokens into a ``[batch, 1]`` output: the same
-    tokens, at a cost that on CPUs is a large share of a small step. Here such a step (``max_spec_len == 0``) returns the sampler's own output for the
-    bonus rows, which is that ``[batch, 1]`` tensor: the same tokens, and seeded requests'
-    generators left where vLLM leaves them (it draws nothing from them for a request without
-    drafts). vLLM also draws recovered-token noise for every request from the global generator
+    rejection kernels over them and copies the bonus tokens into a ``[batch, 1]`` output: work
+    that changes nothing of the result. Here such a step (``max_spec_len == 0``) returns the
+    sampler's own output for the bonus rows, which is that ``[batch, 1]`` tensor: the same
+    tokens, and seeded requests' generators left where vLLM leaves them (it draws nothing from
+    them for a request without drafts). What it saves per step was not told apart from noise in
+    by-hand runs of adaptive k on the trained tiny model at one request. vLLM also draws recovered-token noise for every request from the global generator
     there and discards it; without those draws an unseeded request's later tokens are other
     draws of the same distribution. Left to vLLM: steps with drafts, requests for logprobs
     (``max_num_logprobs``, ``logprob_token_ids``: vLLM assembles them there) and vLLM's synthetic
