@@ -48,9 +48,10 @@ without the patch. Reasons meaning "not needed here" stay at debug level.
 from __future__ import annotations
 
 from . import (adaptive_k_in_scheduler, check_mtp_checkpoint, deferred_first_pass_at_k0,
-               expand_kernel_on_cpu, mla_dtype_on_amx, mla_verify_as_decode, rotary_embedding_per_head_on_cpu,
-               sample_steps_without_drafts, seeded_chunked_prefill_on_cpu, skip_unloadable_aot_cache,
-               top_k_on_empty_batch, v4_cpu_tile_scheduler_keys)
+               expand_kernel_on_cpu, mla_dtype_on_amx, mla_verify_as_decode,
+               rotary_embedding_per_head_on_cpu, sample_steps_without_drafts,
+               seeded_chunked_prefill_on_cpu, skip_unloadable_aot_cache, top_k_on_empty_batch,
+               v4_cpu_tile_scheduler_keys)
 from .framework import NotFound, Patch, logger
 
 __all__ = ["REGISTER_PATCHES", "NotFound", "Patch", "apply_register_patches"]

@@ -23,26 +23,28 @@ def probe() -> str | None:
 
 
 def sample_steps_without_drafts() -> None:
-    """Sample a step that verifies no draft token with vLLM's sampler alone.
+    """Sample a step that verifies no draft token with vLLM's sampler alone (V1 runner).
 
     What it changes: vLLM's V1 runner hands every step of a speculative engine to its rejection
     sampler (``v1/worker/gpu_model_runner.py`` ``_sample``), also a step in which no request has a
     draft: a prefill, or a k = 0 step of adaptive k or of a per-batch-size table. There
     ``RejectionSampler.forward`` (``v1/sample/rejection_sampler.py``) samples the bonus tokens
     with the sampler (``predict_bonus_token=True``), then processes zero target rows, runs the
-    rejection kernels over them and copies the bonus tokens into a ``[batch, 1]`` output: work
-    that changes nothing of the result. Here such a step (``max_spec_len == 0``) returns the
-    sampler's own output for the bonus rows, which is that ``[batch, 1]`` tensor: the same
-    tokens, and seeded requests' generators left where vLLM leaves them (it draws nothing from
-    them for a request without drafts). What it saves per step was not told apart from noise in
-    by-hand runs of adaptive k on the trained tiny model at one request. vLLM also draws recovered-token noise for every request from the global generator
-    there and discards it; without those draws an unseeded request's later tokens are other
-    draws of the same distribution. Left to vLLM: steps with drafts, requests for logprobs
-    (``max_num_logprobs``, ``logprob_token_ids``: vLLM assembles them there) and vLLM's synthetic
-    acceptance mode. How to see it: ``tests/unit/plugin/test_sample_steps_without_drafts.py``
-    compares it with vLLM's forward, greedy and seeded; every engine test with speculation runs
-    through it. When it can go: when vLLM's runner skips the rejection sampler for steps without
-    drafts.
+    rejection kernels over them and copies the bonus tokens into a ``[batch, 1]`` output. Here
+    such a step (``max_spec_len == 0``) returns the sampler's own output for the bonus rows,
+    which is that ``[batch, 1]`` tensor: the same tokens, and seeded requests' generators left
+    where vLLM leaves them (it draws nothing from them for a request without drafts). The one
+    lasting effect of the skipped work: in a batch that is not all greedy, vLLM draws
+    recovered-token noise (batch x vocab) from the global generator and discards it; without
+    those draws an unseeded request's later tokens are other draws of the same distribution.
+    Left to vLLM: steps with drafts, logprob requests (``max_num_logprobs``: vLLM assembles them
+    there; ``logprob_token_ids``, which its forward drops), vLLM's synthetic acceptance mode.
+    Model Runner V2 has its own rejection sampler and already samples such steps with its sampler
+    alone. What it saves per step was not told apart from noise in by-hand runs of adaptive k on
+    the trained tiny model at one request. How to see it:
+    ``tests/unit/plugin/test_sample_steps_without_drafts.py`` compares it with vLLM's forward;
+    every engine test with speculation runs through it. When it can go: when vLLM's V1 runner
+    skips the rejection sampler for steps without drafts.
     """
     after_import(MODULE, _install)
 

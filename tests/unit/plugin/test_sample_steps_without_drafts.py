@@ -47,12 +47,14 @@ def _vllms_cpu_sampling_fixed():
 VLLM_FORWARD = getattr(RejectionSampler.forward, "__wrapped__", RejectionSampler.forward)
 
 
-def _sampling(max_num_logprobs=None) -> SamplingMetadata:
-    n = len(TEMPERATURES)
+def _sampling(max_num_logprobs=None, temperatures=TEMPERATURES) -> SamplingMetadata:
+    n = len(temperatures)
     return SamplingMetadata(
-        temperature=torch.tensor(TEMPERATURES), all_greedy=False, all_random=False,
-        top_p=None, top_k=torch.tensor([VOCAB, 5, VOCAB, VOCAB]),
-        generators={i: torch.Generator().manual_seed(s) for i, s in SEEDS.items()},
+        temperature=torch.tensor(temperatures), all_greedy=not any(temperatures),
+        all_random=all(temperatures),
+        top_p=None, top_k=torch.tensor([VOCAB, 5, VOCAB, VOCAB][:n]),
+        generators={i: torch.Generator().manual_seed(s) for i, s in SEEDS.items()
+                    if i < n and temperatures[i] > 0},
         max_num_logprobs=max_num_logprobs, no_penalties=True, prompt_token_ids=None,
         frequency_penalties=torch.zeros(n), presence_penalties=torch.zeros(n),
         repetition_penalties=torch.ones(n), output_token_ids=[[] for _ in range(n)],
@@ -76,9 +78,12 @@ def _metadata(drafts: list[list[int]]) -> SpecDecodeMetadata:
         logits_indices=torch.arange(row, dtype=torch.int32))
 
 
-def _both(drafts, max_num_logprobs=None):
-    """(vLLM's output, the patched one's), each from the same logits and fresh generators, and
-    the next draw of each seeded request's generator after each (the draws a step consumed)."""
+def _both(drafts, monkeypatch, temperatures=TEMPERATURES):
+    """(vLLM's output, the patched one's), each from the same logits and fresh generators, with
+    the next draw of each seeded request's generator and of the global one after each (the draws
+    a step consumed). The patched call fails if it reaches vLLM's rejection kernels."""
+    from vllm.v1.sample import rejection_sampler
+
     sampler = RejectionSampler(Sampler())
     patched = patch._without_drafts(VLLM_FORWARD, SamplerOutput)
     rows = sum(len(ids) + 1 for ids in drafts)
@@ -86,29 +91,45 @@ def _both(drafts, max_num_logprobs=None):
     outputs = []
     for forward in (VLLM_FORWARD, patched):
         torch.manual_seed(7)
-        sampling = _sampling(max_num_logprobs)
+        sampling = _sampling(temperatures=temperatures)
         out = forward(sampler, _metadata(drafts), None, logits.clone(), sampling)
         outputs.append((out, [torch.rand(1, generator=g).item()
-                              for _, g in sorted(sampling.generators.items())]))
+                              for _, g in sorted(sampling.generators.items())],
+                        torch.rand(1).item()))
+
+        def unreachable(*args, **kwargs):
+            raise AssertionError("the shortcut ran vLLM's rejection kernels")
+
+        monkeypatch.setattr(rejection_sampler, "rejection_sample", unreachable)
     return outputs
 
 
-def test_a_step_without_drafts_gives_vllms_tokens_and_draws():
+def test_a_step_without_drafts_gives_vllms_tokens_and_draws(monkeypatch):
     """Seeded requests' generators are where vLLM leaves them (it draws nothing from them for a
-    request without drafts). The global generator is not: vLLM draws its recovered-token noise
-    for every request from it (``sample_recovered_tokens``) and throws it away at zero drafts;
-    unseeded requests' later tokens are other draws of the same distribution."""
-    (theirs, their_next), (ours, our_next) = _both([[], [], [], []])
+    request without drafts). The global generator is not: in a batch that is not all greedy vLLM
+    draws recovered-token noise for every request from it (``sample_recovered_tokens``) and
+    throws it away at zero drafts; unseeded requests' later tokens are other draws of the same
+    distribution."""
+    (theirs, their_seeded, their_next), (ours, our_seeded, our_next) = _both(
+        [[], [], [], []], monkeypatch)
     assert ours.sampled_token_ids.shape == theirs.sampled_token_ids.shape == (4, 1)
     assert ours.sampled_token_ids.dtype == theirs.sampled_token_ids.dtype == torch.int32
     assert torch.equal(ours.sampled_token_ids, theirs.sampled_token_ids)
     assert ours.logprobs_tensors is None and theirs.logprobs_tensors is None
+    assert our_seeded == their_seeded
+    assert our_next != their_next
+
+
+def test_an_all_greedy_step_draws_nothing_either_way(monkeypatch):
+    (theirs, _, their_next), (ours, _, our_next) = _both([[], [], []], monkeypatch,
+                                                         temperatures=[0.0, 0.0, 0.0])
+    assert torch.equal(ours.sampled_token_ids, theirs.sampled_token_ids)
     assert our_next == their_next
 
 
-def test_the_shortcut_is_the_sampler_on_the_bonus_rows():
+def test_the_shortcut_is_the_sampler_on_the_bonus_rows(monkeypatch):
     """The greedy request's token is its row's argmax: what is compared above is a sample."""
-    (theirs, _), _ = _both([[], [], [], []])
+    (theirs, _, _), _ = _both([[], [], [], []], monkeypatch)
     logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(5))
     assert theirs.sampled_token_ids[0, 0].item() == logits[0].argmax().item()
     assert len(set(theirs.sampled_token_ids[:, 0].tolist())) > 1
