@@ -13,7 +13,7 @@ FORWARD_READS = ("bonus_sampler_output = self.sampler(", "predict_bonus_token=Tr
                  "rejection_sample(", "if sampling_metadata.max_num_logprobs is not None:")
 FORWARD_PARAMETERS = ("metadata", "draft_probs", "logits", "sampling_metadata")
 UNPATCHED = ("Steps that verify no draft (prefills, k = 0 steps) go through vLLM's whole "
-             "rejection sampler, as vLLM does: slower on CPUs, same tokens.")
+             "rejection sampler, as vLLM does: work that changes no token.")
 
 
 def probe() -> str | None:
