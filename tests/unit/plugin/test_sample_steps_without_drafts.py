@@ -88,20 +88,20 @@ def _both(drafts, monkeypatch, temperatures=TEMPERATURES):
     patched = patch._without_drafts(VLLM_FORWARD, SamplerOutput)
     rows = sum(len(ids) + 1 for ids in drafts)
     logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(5))
-    outputs = []
-    for forward in (VLLM_FORWARD, patched):
+
+    def run(forward):
         torch.manual_seed(7)
         sampling = _sampling(temperatures=temperatures)
         out = forward(sampler, _metadata(drafts), None, logits.clone(), sampling)
-        outputs.append((out, [torch.rand(1, generator=g).item()
-                              for _, g in sorted(sampling.generators.items())],
-                        torch.rand(1).item()))
+        return (out, [torch.rand(1, generator=g).item()
+                      for _, g in sorted(sampling.generators.items())], torch.rand(1).item())
 
-        def unreachable(*args, **kwargs):
-            raise AssertionError("the shortcut ran vLLM's rejection kernels")
+    def unreachable(*args, **kwargs):
+        raise AssertionError("the shortcut ran vLLM's rejection kernels")
 
-        monkeypatch.setattr(rejection_sampler, "rejection_sample", unreachable)
-    return outputs
+    theirs = run(VLLM_FORWARD)
+    monkeypatch.setattr(rejection_sampler, "rejection_sample", unreachable)
+    return theirs, run(patched)
 
 
 def test_a_step_without_drafts_gives_vllms_tokens_and_draws(monkeypatch):
