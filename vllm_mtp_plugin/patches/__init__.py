@@ -29,6 +29,8 @@ whether this vLLM needs it (``framework.py``).
   runs the layer catches up first (``VLLM_MTP_DEFERRED_FIRST_PASS=0``: vLLM's behaviour).
 * ``sample_steps_without_drafts``: applied when vLLM imports its V1 rejection sampler: a step
   that verifies no draft (prefill, k = 0) samples with vLLM's sampler alone.
+* ``plain_inputs_without_drafts``: applied when vLLM imports its V1 runner: such a step is
+  prepared as without speculation (no spec-decode metadata; the sampler alone samples it).
 
 Kept elsewhere, beside what they serve:
 
@@ -49,7 +51,7 @@ from __future__ import annotations
 
 from . import (adaptive_k_in_scheduler, check_mtp_checkpoint, deferred_first_pass_at_k0,
                expand_kernel_on_cpu, mla_dtype_on_amx, mla_verify_as_decode,
-               rotary_embedding_per_head_on_cpu, sample_steps_without_drafts,
+               plain_inputs_without_drafts, rotary_embedding_per_head_on_cpu, sample_steps_without_drafts,
                seeded_chunked_prefill_on_cpu, skip_unloadable_aot_cache, top_k_on_empty_batch,
                v4_cpu_tile_scheduler_keys)
 from .framework import NotFound, Patch, logger
@@ -60,7 +62,7 @@ REGISTER_PATCHES: tuple[Patch, ...] = tuple(module.PATCH for module in (
     check_mtp_checkpoint, expand_kernel_on_cpu, top_k_on_empty_batch, seeded_chunked_prefill_on_cpu,
     rotary_embedding_per_head_on_cpu, skip_unloadable_aot_cache, v4_cpu_tile_scheduler_keys,
     mla_verify_as_decode, mla_dtype_on_amx, adaptive_k_in_scheduler,
-    deferred_first_pass_at_k0, sample_steps_without_drafts))
+    deferred_first_pass_at_k0, sample_steps_without_drafts, plain_inputs_without_drafts))
 
 
 def apply_register_patches() -> dict[str, str]:

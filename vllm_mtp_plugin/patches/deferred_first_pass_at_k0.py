@@ -28,6 +28,7 @@ UNPATCHED = ("A step at k = 0 (adaptive k, or a num_speculative_tokens_per_batch
 _vllm_propose = None  # vLLM's SpecDecodeBaseProposer.propose, kept by _install_proposer
 BACKLOG = "_mtp_first_pass_backlog"  # the drafter's backlog (None: not deferring)
 STEP = "_mtp_first_pass_step"  # the runner's step, while it proposes
+ALT_HIDDEN = "_mtp_drafter_reads_target_output"  # the runner's: not V4's other hidden states
 SWITCH = "VLLM_MTP_DEFERRED_FIRST_PASS"  # 0: every k = 0 step runs the layer, as in vLLM
 
 
@@ -110,6 +111,8 @@ def _deferring_runner(propose_draft_token_ids):
     the drafter's inputs, where nothing else needs them (no async scheduling, which reads the
     prepared next tokens); otherwise the drafter's ``propose`` decides (``_deferring``)."""
 
+    arguments = PassedArguments(propose_draft_token_ids)
+
     @functools.wraps(propose_draft_token_ids)
     def propose_draft_token_ids_deferring_k0(self, scheduler_output, sampled_token_ids, *args,
                                              **kwargs):
@@ -118,42 +121,32 @@ def _deferring_runner(propose_draft_token_ids):
         if backlog is None:
             return propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args,
                                            **kwargs)
-        call = _runner_signature(propose_draft_token_ids).bind(
-            self, scheduler_output, sampled_token_ids, *args, **kwargs).arguments
+        call = arguments.of((self, scheduler_output, sampled_token_ids) + args, kwargs)
         batch = self.input_batch
         n = batch.num_reqs
-        cad = call["common_attn_metadata"]
-        step = Step(req_ids=list(batch.req_ids[:n]), starts=first_positions(cad), cad=cad,
-                    sampling_metadata=call["sampling_metadata"])
+        cad = call("common_attn_metadata")
+        step = Step(req_ids=batch.req_ids[:n], starts=first_positions(cad), cad=cad,
+                    sampling_metadata=call("sampling_metadata"))
         # Rows of requests the runner no longer holds (finished, even at a step that drafted
         # nothing) or that were preempted (recomputed later) go.
-        backlog.forget([r for r in backlog.next_position if r not in self.requests])
-        backlog.forget(getattr(scheduler_output, "preempted_req_ids", None) or ())
-        discarded = getattr(self, "discard_request_mask", None)
-        # Under async speculative decoding a step after one that verified drafts has optimistic
-        # positions (every draft assumed accepted; vLLM corrects them on the device): not
-        # deferred. vLLM's own record of that, filled for this step in ``_update_states``.
-        previous_drafts = getattr(self, "prev_num_draft_tokens", None)
-        optimistic = bool(getattr(self, "use_async_spec_decode", False)
-                          and (previous_drafts is None or previous_drafts.np.any()))
-        step.deferrable = (scheduler_output.num_spec_tokens_to_schedule == 0 and not optimistic
+        if backlog.next_position:
+            backlog.forget([r for r in backlog.next_position if r not in self.requests])
+            backlog.forget(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        step.deferrable = (scheduler_output.num_spec_tokens_to_schedule == 0
+                           and backlog.fits(n) and call("aux_hidden_states") is None
                            and one_decode_token_each(cad, step.starts,
-                                                     batch.num_prompt_tokens[:n].tolist())
-                           and (discarded is None or not discarded.np[:n].any())
-                           and call.get("aux_hidden_states") is None
-                           and backlog.fits(n))
+                                                     batch.num_prompt_tokens[:n])
+                           and rows_are_final(self, n))
         if step.deferrable and backlog.prefix_caching:
             step.catch_up_all = any(
                 start + 1 >= block_needed(backlog.first_position.get(r, start),
                                           drafter.block_size, backlog.block_drop)
                 for r, start in zip(step.req_ids, step.starts))
-        if (step.deferrable and not isinstance(sampled_token_ids, list)  # padded: a tensor
-                and getattr(self, "valid_sampled_token_count_event", None) is None
-                and getattr(self.get_model(), "get_mtp_target_hidden_states", None) is None):
+        if step.deferrable and not isinstance(sampled_token_ids, list) and inputs_unread(self):
             self._draft_probs = None
             self._draft_prob_req_ids = None
             return defer(drafter, backlog, step, sampled_token_ids[:n, 0],
-                         call["hidden_states"][:n])
+                         call("hidden_states")[:n])
         setattr(drafter, STEP, step)
         try:
             return propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args,
@@ -165,9 +158,49 @@ def _deferring_runner(propose_draft_token_ids):
     return propose_draft_token_ids_deferring_k0
 
 
-@functools.cache
-def _runner_signature(function) -> inspect.Signature:
-    return inspect.signature(function)
+class PassedArguments:
+    """The arguments of a call by parameter name, as ``inspect.Signature.bind`` gives them but
+    without binding at every step: vLLM passes them by position (or by name)."""
+
+    def __init__(self, function):
+        self.index = {name: i for i, name in
+                      enumerate(inspect.signature(function).parameters)}
+
+    def of(self, args: tuple, kwargs: dict):
+        index = self.index
+
+        def argument(name: str):
+            i = index[name]
+            return args[i] if i < len(args) else kwargs.get(name)
+
+        return argument
+
+
+def rows_are_final(runner, n: int) -> bool:
+    """The step's rows are what the layer would read: not under async speculative decoding after
+    a step that verified drafts (positions optimistic, every draft assumed accepted; vLLM
+    corrects them on the device; its record of that, filled for this step in
+    ``_update_states``), and no request's sample thrown away."""
+    if getattr(runner, "use_async_spec_decode", False):
+        previous_drafts = getattr(runner, "prev_num_draft_tokens", None)
+        if previous_drafts is None or previous_drafts.np.any():
+            return False
+    discarded = getattr(runner, "discard_request_mask", None)
+    return discarded is None or not discarded.np[:n].any()
+
+
+def inputs_unread(runner) -> bool:
+    """Nothing but the drafter reads the inputs vLLM would prepare for it (so the runner may
+    defer before preparing them): no copy of the valid-token count overlapping them (async
+    scheduling), and the target hands the drafter its own output, not other hidden states
+    (V4's; the model's class does not change while it serves, so this is asked once)."""
+    if getattr(runner, "valid_sampled_token_count_event", None) is not None:
+        return False
+    own_output = getattr(runner, ALT_HIDDEN, None)
+    if own_output is None:
+        own_output = getattr(runner.get_model(), "get_mtp_target_hidden_states", None) is None
+        setattr(runner, ALT_HIDDEN, own_output)
+    return own_output
 
 
 @dataclasses.dataclass
@@ -246,7 +279,7 @@ def backlog_for(drafter):
 def _deferring(propose):
     """The drafter's side: a deferrable step the runner left to it is kept here; any other step
     first catches up the kept rows of its requests."""
-    signature = inspect.signature(propose)
+    arguments = PassedArguments(propose)
 
     @functools.wraps(propose)
     def propose_deferring_k0(self, *args, **kwargs):
@@ -254,16 +287,16 @@ def _deferring(propose):
         backlog = getattr(self, BACKLOG, None) if step is not None else None
         if backlog is None:
             return propose(self, *args, **kwargs)
-        call = signature.bind(self, *args, **kwargs).arguments
-        n = call["common_attn_metadata"].num_reqs
-        if step.deferrable and call["num_speculative_tokens"] == 0 and \
-                call.get("mm_embed_inputs") is None:
-            return defer(self, backlog, step, call["next_token_ids"][:n],
-                         call["target_hidden_states"][:n])
+        call = arguments.of((self,) + args, kwargs)
+        n = call("common_attn_metadata").num_reqs
+        if step.deferrable and call("num_speculative_tokens") == 0 and \
+                call("mm_embed_inputs") is None:
+            return defer(self, backlog, step, call("next_token_ids")[:n],
+                         call("target_hidden_states")[:n])
         catch_up = backlog.take(step.req_ids, step.starts)
         if catch_up is not None:
-            run_catch_up(propose, self, catch_up, call["common_attn_metadata"],
-                         call["sampling_metadata"], call["target_hidden_states"].dtype)
+            run_catch_up(propose, self, catch_up, call("common_attn_metadata"),
+                         call("sampling_metadata"), call("target_hidden_states").dtype)
         return propose(self, *args, **kwargs)
 
     propose_deferring_k0.patch = NAME
@@ -278,12 +311,14 @@ def first_positions(cad) -> list[int]:
     return [int(s) - (query_start[i + 1] - query_start[i]) for i, s in enumerate(seq_lens)]
 
 
-def one_decode_token_each(cad, starts: list[int], prompt_lens: list[int]) -> bool:
+def one_decode_token_each(cad, starts: list[int], prompt_lens) -> bool:
     """A step the layer may skip at k = 0: one token per request (so no draft verified, none
     rejected), every request past its prompt (a one-token chunk of a prompt samples a token vLLM
-    throws away)."""
-    return (cad.max_query_len == 1 and cad.num_actual_tokens == cad.num_reqs
-            and all(start >= n for start, n in zip(starts, prompt_lens)))
+    throws away). ``prompt_lens``: a list or the runner's array."""
+    if not (cad.max_query_len == 1 and cad.num_actual_tokens == cad.num_reqs):
+        return False
+    lens = prompt_lens.tolist() if hasattr(prompt_lens, "tolist") else prompt_lens
+    return all(start >= n for start, n in zip(starts, lens))
 
 
 def run_catch_up(propose, drafter, catch_up, cad, sampling_metadata, dtype) -> None:

@@ -17,8 +17,10 @@ logger = logging.getLogger("vllm.vllm_mtp_plugin")
 def after_import(module_name: str, action: Callable) -> None:
     """Run ``action(module)`` now if ``module_name`` is imported, else right after its import.
 
-    Idempotent per module name (one finder at most). An ``action`` that raises during the import is
-    logged as a warning and the module stays as vLLM made it: the import itself never fails.
+    One finder per module name: a second patch of the same module adds its action to it (each
+    action once), and the actions run in the order they were given. An ``action`` that raises
+    during the import is logged as a warning and the module stays as that action found it: the
+    import itself never fails.
     """
     import importlib.abc
     import importlib.util
@@ -27,14 +29,18 @@ def after_import(module_name: str, action: Callable) -> None:
     if module_name in sys.modules:
         action(sys.modules[module_name])
         return
-    if any(getattr(f, "module_name", None) == module_name for f in sys.meta_path):
-        return
+    for finder in sys.meta_path:
+        if getattr(finder, "module_name", None) == module_name:
+            if action not in finder.actions:
+                finder.actions.append(action)
+            return
 
     class AfterImport(importlib.abc.MetaPathFinder):
         """Finds nothing itself; wraps the real loader of one module to act after it ran."""
 
         def __init__(self):
             self.module_name = module_name
+            self.actions = [action]
 
         def find_spec(self, fullname, path, target=None):
             if fullname != module_name:
@@ -47,11 +53,12 @@ def after_import(module_name: str, action: Callable) -> None:
 
             def run_then_act(module):
                 exec_module(module)
-                try:
-                    action(module)
-                except Exception as exc:  # noqa: BLE001 - vLLM's module stays as it is
-                    logger.warning("vllm-mtp-plugin: patch of %s left out (%s: %s)", module_name,
-                                   type(exc).__name__, exc)
+                for act in self.actions:
+                    try:
+                        act(module)
+                    except Exception as exc:  # noqa: BLE001 - vLLM's module stays as it is
+                        logger.warning("vllm-mtp-plugin: patch of %s left out (%s: %s)",
+                                       module_name, type(exc).__name__, exc)
 
             module_spec.loader.exec_module = run_then_act
             return module_spec

@@ -9,7 +9,9 @@
   every k), as the controller's own summary lines say;
 * no stale drafter after k = 0: a k = 0 decode step skips the MTP layer and the next step that
   runs it catches up first (``patches/deferred_first_pass_at_k0.py``; that the drafts are then
-  those of a layer that never skipped: ``test_deferred_first_pass.py``); the layer's calls add up.
+  those of a layer that never skipped: ``test_deferred_first_pass.py``); the layer's calls add up;
+  the steps after k = 0 are prepared as without speculation
+  (``patches/plain_inputs_without_drafts.py``).
 
 A user's own ``num_speculative_tokens_per_batch_size`` keeping it off is a unit test
 (``tests/unit/adaptive_k/test_engine_steps.py``): the warning, and a table the controller does not
@@ -149,6 +151,11 @@ def test_v1_lossless_and_the_k0_steps_deferred_then_caught_up(run, model_dir, pr
     assert deferred["deferred_steps"] > 0 and deferred["catch_ups"] > 0, deferred
     assert calls == (sum(max(1, k) * n for k, n in chosen.items()) - deferred["deferred_steps"]
                      + deferred["catch_ups"]), (calls, chosen, deferred)
+    # A step after one that drafted nothing verifies nothing: prepared as without speculation
+    # (no spec-decode metadata, patches/plain_inputs_without_drafts.py). Each k = 0 choice is
+    # followed by such a step unless it ended a batch (one per generate call at most).
+    plain = result["drafter"]["plain_steps"]
+    assert chosen[0] - len(result["runs"]) - 1 <= plain <= sum(chosen.values()), (plain, chosen)
 
 
 def test_served_with_the_openai_client_and_metrics(model_dir, tmp_path):

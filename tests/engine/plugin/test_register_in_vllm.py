@@ -81,7 +81,8 @@ print(patches.apply_register_patches())
         "skip_unloadable_aot_cache": "applied",
         "v4_cpu_tile_scheduler_keys": "applied", "mla_verify_as_decode": "applied",
         "mla_dtype_on_amx": amx, "adaptive_k_in_scheduler": "applied",
-        "deferred_first_pass_at_k0": "applied", "sample_steps_without_drafts": "applied"})
+        "deferred_first_pass_at_k0": "applied", "sample_steps_without_drafts": "applied",
+        "plain_inputs_without_drafts": "applied"})
 
 
 def test_vllm_side_imports_load_no_tooling_module():

@@ -116,9 +116,35 @@ def test_only_one_decode_token_per_request_past_its_prompt_is_deferred():
     assert starts == [8, 11]
     assert patch.one_decode_token_each(one_each, starts, [5, 11])
     assert not patch.one_decode_token_each(one_each, starts, [5, 12])  # a one-token prompt chunk
+    import numpy as np  # the runner's own array of prompt lengths
+
+    assert patch.one_decode_token_each(one_each, starts, np.array([5, 11], dtype=np.int32))
+    assert not patch.one_decode_token_each(one_each, starts, np.array([5, 12], dtype=np.int32))
     verify = cad([3, 1], [9, 12])  # drafts verified: 3 tokens for the first request
     assert patch.first_positions(verify) == [6, 11]
     assert not patch.one_decode_token_each(verify, patch.first_positions(verify), [1, 1])
+
+
+def test_arguments_are_read_by_name_as_bind_reads_them():
+    """The wrappers read vLLM's arguments by parameter name, whether vLLM passes them by
+    position or by name; one not passed (a default) reads as None, as ``bind().arguments.get``
+    gave it."""
+    import inspect
+
+    def propose(self, scheduler_output, sampled, sampling_metadata, hidden_states,
+                aux_hidden_states=None, common_attn_metadata=None):
+        """Stands for vLLM's runner method."""
+
+    arguments = patch.PassedArguments(propose)
+    passed = [(("runner", "out", "ids", "meta", "hidden"), {"common_attn_metadata": "cad"}),
+              (("runner", "out", "ids", "meta", "hidden", "aux", "cad"), {}),
+              (("runner",), dict(scheduler_output="out", sampled="ids", sampling_metadata="meta",
+                                 hidden_states="hidden"))]
+    for args, kwargs in passed:
+        call = arguments.of(args, kwargs)
+        bound = inspect.signature(propose).bind(*args, **kwargs).arguments
+        for name in inspect.signature(propose).parameters:
+            assert call(name) == bound.get(name), (name, args, kwargs)
 
 
 class Proposer(types.SimpleNamespace):

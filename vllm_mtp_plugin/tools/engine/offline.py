@@ -330,7 +330,8 @@ def _child(request_path: str, result_path: str) -> None:
             runs.append(run)
     report = llm.collective_rpc(worker_report.runner_report)[0]
     drafter = {"class": report["class"], "runner": report["runner"],
-               "deferred_first_pass": report["deferred_first_pass"]} if report["class"] else None
+               "deferred_first_pass": report["deferred_first_pass"],
+               "plain_steps": report["plain_steps"]} if report["class"] else None
     if drafter is not None:
         drafter["allocated_bytes"] = allocated.get(drafter["class"])
     if config.record_layer_calls:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 
 from vllm_mtp_plugin.patches.deferred_first_pass_at_k0 import BACKLOG as DEFERRED_FIRST_PASS
+from vllm_mtp_plugin.patches.plain_inputs_without_drafts import PLAIN_STEPS
 
 from .eager_reasons import compilation_report
 
@@ -41,7 +42,8 @@ def drafter_model(runner):
 def runner_report(worker) -> dict:
     """The runner that ran, how it compiled ("eager" or vLLM's compilation mode), the drafter's
     class (None without a drafter), what the drafter deferred at k = 0 steps (None: nothing
-    deferring, ``patches/deferred_first_pass_at_k0.py``), and whether vLLM loaded this plugin in the worker (its entry
+    deferring, ``patches/deferred_first_pass_at_k0.py``), how many steps it prepared as without
+    speculation (``patches/plain_inputs_without_drafts.py``), and whether vLLM loaded this plugin in the worker (its entry
     point ran: not with ``VLLM_PLUGINS=""``)."""
     from vllm_mtp_plugin.identity import Registration
 
@@ -52,6 +54,7 @@ def runner_report(worker) -> dict:
                 "deferred_steps": backlog.deferred_steps, "catch_ups": backlog.catch_ups,
                 "caught_up_rows": backlog.caught_up_rows,
                 "rows_kept": backlog.rows},
+            "plain_steps": getattr(worker.model_runner, PLAIN_STEPS, 0),
             "plugin_registered": Registration.done,
             "compilation": compilation_report(worker.model_runner.vllm_config)["compilation"],
             "class": None if drafter is None else
