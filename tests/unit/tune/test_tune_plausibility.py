@@ -48,6 +48,9 @@ def test_a_bench_row_with_verification_cheaper_than_a_plain_step_is_named():
     (problem,) = row_problems(row)
     assert "verifying 1 draft(s) per request took 87.9 ms" in problem
     assert row_problems({**row, "steps": {"target_ms": 99.0}}) == []
+    # adaptive k's row names the largest k it may choose, not what each step verified
+    (problem,) = row_problems({**row, "k": 3, "impl": "adaptive", "speedup": 0.9})
+    assert "a step of adaptive k (0 to 3 drafts per request) took 87.9 ms, less than" in problem
 
 
 def _tune(tmp_path, monkeypatch, measurements: list[dict], remeasure: int = 1):
