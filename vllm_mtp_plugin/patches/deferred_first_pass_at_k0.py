@@ -145,8 +145,16 @@ def _deferring_runner(propose_draft_token_ids):
         if step.deferrable and not isinstance(sampled_token_ids, list) and inputs_unread(self):
             self._draft_probs = None
             self._draft_prob_req_ids = None
-            return defer(drafter, backlog, step, sampled_token_ids[:n, 0],
-                         call("hidden_states")[:n])
+            defer(drafter, backlog, step, sampled_token_ids[:n, 0], call("hidden_states")[:n])
+            # No drafts, as vLLM's list-returning proposers (n-gram) give them: no device tensor
+            # to copy to the host and read back for the scheduler (``_copy_draft_token_ids_to_cpu``,
+            # ``take_draft_token_ids``). Not under async scheduling, whose next step reads a
+            # tensor of drafts.
+            if getattr(self, "use_async_scheduling", False):
+                import torch
+
+                return torch.empty(n, 0, dtype=torch.int64, device=sampled_token_ids.device)
+            return [[] for _ in range(n)]
         setattr(drafter, STEP, step)
         try:
             return propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args,
@@ -225,9 +233,9 @@ def block_needed(first_kept: int, block_size: int, block_drop: bool) -> int:
     return (first_kept // block_size + (2 if block_drop else 1)) * block_size
 
 
-def defer(drafter, backlog, step: Step, next_tokens: torch.Tensor, hidden: torch.Tensor):
-    """Keep the step's rows, catch up at once the requests whose block the step filled; no
-    drafts (vLLM's k = 0 answer)."""
+def defer(drafter, backlog, step: Step, next_tokens: torch.Tensor, hidden: torch.Tensor) -> None:
+    """Keep the step's rows, catch up at once the requests whose block the step filled; the
+    caller answers with no drafts."""
     backlog.defer(step.req_ids, step.starts, next_tokens, hidden)
     if step.catch_up_all:
         catch_up = backlog.take(step.req_ids, [s + 1 for s in step.starts])
@@ -236,9 +244,6 @@ def defer(drafter, backlog, step: Step, next_tokens: torch.Tensor, hidden: torch
                          hidden.dtype)
     drafter.num_speculative_tokens = 0
     drafter._last_draft_probs = None
-    import torch
-
-    return torch.empty(len(step.req_ids), 0, dtype=torch.int64, device=next_tokens.device)
 
 
 def backlog_for(drafter):
@@ -291,8 +296,11 @@ def _deferring(propose):
         n = call("common_attn_metadata").num_reqs
         if step.deferrable and call("num_speculative_tokens") == 0 and \
                 call("mm_embed_inputs") is None:
-            return defer(self, backlog, step, call("next_token_ids")[:n],
-                         call("target_hidden_states")[:n])
+            next_tokens = call("next_token_ids")
+            defer(self, backlog, step, next_tokens[:n], call("target_hidden_states")[:n])
+            import torch
+
+            return torch.empty(n, 0, dtype=torch.int64, device=next_tokens.device)  # vLLM's k = 0
         catch_up = backlog.take(step.req_ids, step.starts)
         if catch_up is not None:
             run_catch_up(propose, self, catch_up, call("common_attn_metadata"),

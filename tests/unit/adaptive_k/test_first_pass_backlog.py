@@ -244,7 +244,8 @@ def propose_step(runner, k=0, seq_lens=(9, 12)):
 def test_the_runner_defers_only_steps_whose_rows_are_what_the_layer_would_read():
     runner = FakeRunner()
     drafts = propose_step(runner)
-    assert tuple(drafts.shape) == (2, 0) and runner.original_calls == 0
+    # no drafts as vLLM's n-gram proposer gives them (a list per request): nothing to copy
+    assert drafts == [[], []] and runner.original_calls == 0
     backlog = runner.drafter._mtp_first_pass_backlog
     assert backlog.rows == 2 and backlog.tokens[0].tolist() == [7, 8]
     assert propose_step(runner, k=2, seq_lens=(10, 13)) == "vLLM's"  # drafts asked for
@@ -254,6 +255,9 @@ def test_the_runner_defers_only_steps_whose_rows_are_what_the_layer_would_read()
     optimistic = FakeRunner(use_async_spec_decode=True, prev_num_draft_tokens=types.SimpleNamespace(
         np=torch.tensor([0, 2]).numpy()))  # positions assume the last drafts accepted
     assert propose_step(optimistic) == "vLLM's"
+    # under async scheduling (were the runner to defer there) the next step reads a tensor
+    drafts = propose_step(FakeRunner(use_async_scheduling=True))
+    assert tuple(drafts.shape) == (2, 0) and drafts.dtype == torch.int64
     gone = FakeRunner()
     propose_step(gone)
     gone.requests.pop("r2")  # finished at a step that drafted nothing; r3 took its place
