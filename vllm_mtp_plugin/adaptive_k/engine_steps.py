@@ -120,9 +120,14 @@ def step_outcome(scheduler_output, model_runner_output, seconds: float | None) -
     tokens it sampled beyond the one every step samples."""
     scheduled = scheduler_output.num_scheduled_tokens
     spec = scheduler_output.scheduled_spec_decode_tokens or {}
+    # every request runs at least 1 + its drafts, so the sums are equal only if none ran more
+    prefill = sum(scheduled.values()) != len(scheduled) + sum(len(t) for t in spec.values())
+    if not spec:  # nothing verified (every step at k = 0): no acceptance to read
+        return StepOutcome(batch_size=len(scheduled), verified_k=0,
+                           drafted_k=scheduler_output.num_spec_tokens_to_schedule,
+                           prefill=prefill, seconds=seconds)
     sampled = getattr(model_runner_output, "sampled_token_ids", None) or []
     index = getattr(model_runner_output, "req_id_to_index", None) or {}
-    prefill = any(n != 1 + len(spec.get(req_id, ())) for req_id, n in scheduled.items())
     drafts = []
     for req_id, tokens in spec.items():
         position = index.get(req_id)

@@ -90,12 +90,24 @@ class AcceptanceByPosition:
         self.recent: collections.deque = collections.deque(maxlen=max(SHIFT_WINDOWS))
         self._suspected: list[tuple[int, bool]] = []  # consecutive shifted tests, one way
         self.shifts = 0
+        # Steps whose decay is not applied to the counts yet: a step without drafts (every step
+        # at k = 0) only counts here; the decay is applied once when the counts are read.
+        self._undecayed_steps = 0
+
+    def _decayed(self) -> None:
+        if self._undecayed_steps:
+            factor = self.decay ** self._undecayed_steps
+            self.reached = [n * factor for n in self.reached]
+            self.accepted = [n * factor for n in self.accepted]
+            self._undecayed_steps = 0
 
     def observe_step(self, drafts) -> None:
         """One engine step: per request that verified drafts, (drafts verified, the first how
         many of them accepted: vLLM's rejection sampler stops at the first rejection)."""
-        self.reached = [n * self.decay for n in self.reached]
-        self.accepted = [n * self.decay for n in self.accepted]
+        self._undecayed_steps += 1
+        if not drafts:
+            return
+        self._decayed()
         reached, accepted = [0] * self.max_k, [0] * self.max_k
         for num_drafted, num_accepted in drafts:
             for j in range(min(num_drafted, num_accepted + 1, self.max_k)):
@@ -138,13 +150,16 @@ class AcceptanceByPosition:
         self.accepted = [float(sum(a[j] for _, a in steps)) for j in range(self.max_k)]
         self.recent = collections.deque(steps, maxlen=self.recent.maxlen)
         self._suspected = []
+        self._undecayed_steps = 0
         self.shifts += 1
 
     def observations(self, position: int) -> float:
         """How many (decayed) verifications position ``position`` (1-based) rests on."""
+        self._decayed()
         return self.reached[position - 1]
 
     def conditional_rates(self) -> list[float]:
+        self._decayed()
         out, prior = [], self.first_prior
         for j in range(self.max_k):
             weight = self.reached[j] + self.prior_weight
@@ -183,18 +198,32 @@ class StepCosts:
         self.window = window
         self.max_age = max_age
         self.cells: dict[tuple[int, int], collections.deque] = {}
+        # (bucket, k) -> (median, the last step it holds at): asked at every step for every k,
+        # a cell's median changes only when it gains a sample or one ages out
+        self._medians: dict[tuple[int, int], tuple[float | None, int | None]] = {}
 
     def observe(self, bucket: int, k: int, seconds: float, step: int) -> None:
         cell = self.cells.setdefault((bucket, k), collections.deque(maxlen=self.window))
         cell.append((step, seconds))
+        self._medians.pop((bucket, k), None)
 
     def samples(self, bucket: int, k: int, now: int | None = None) -> int:
         return len(self._fresh(bucket, k, now))
 
     def median(self, bucket: int, k: int, now: int | None = None) -> float | None:
         """The median of the fresh samples (all of them without ``now``); None without any."""
-        fresh = self._fresh(bucket, k, now)
-        return statistics.median(fresh) if fresh else None
+        if now is None:
+            fresh = self._fresh(bucket, k, None)
+            return statistics.median(fresh) if fresh else None
+        cached = self._medians.get((bucket, k))
+        if cached is not None and (cached[1] is None or now <= cached[1]):
+            return cached[0]
+        cell = self.cells.get((bucket, k), ())
+        fresh = [(step, s) for step, s in cell if now - step <= self.max_age]
+        value = statistics.median([s for _, s in fresh]) if fresh else None
+        # valid until its oldest sample ages out (None: no sample to age out, until one comes)
+        self._medians[(bucket, k)] = (value, fresh[0][0] + self.max_age if fresh else None)
+        return value
 
     def _fresh(self, bucket: int, k: int, now: int | None) -> list[float]:
         cell = self.cells.get((bucket, k), ())

@@ -44,14 +44,15 @@ class FirstPassBacklog:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1 row, got {capacity}")
         self.capacity = capacity
-        self.tokens: list[torch.Tensor] = []
-        self.positions: list[torch.Tensor] = []
+        self.tokens: list[int] = []  # one per row, as ints: a step's are read back anyway
+        self.positions: list[int] = []  # one per row (a tensor only when rows are taken)
         self.hidden: list[torch.Tensor] = []
         self.owners: list[str] = []  # the request of every row, in row order
         self.next_position: dict[str, int] = {}
         self.first_position: dict[str, int] = {}  # each request's first kept position
         self.prefix_caching = prefix_caching  # a full KV block may be shared at once
         self.block_drop = block_drop  # vLLM recomputes the last block a prefix hit matches
+        self.token_dtype = torch.int64  # the sampled tokens' (vLLM's int32 or int64)
         self.deferred_steps = 0
         self.catch_ups = 0
         self.caught_up_rows = 0
@@ -63,10 +64,10 @@ class FirstPassBacklog:
     def fits(self, rows: int) -> bool:
         return self.rows + rows <= self.capacity
 
-    def defer(self, req_ids: list[str], positions: list[int], tokens: torch.Tensor,
-              hidden: torch.Tensor) -> None:
+    def defer(self, req_ids: list[str], positions: list[int], tokens: list[int],
+              hidden: torch.Tensor, token_dtype: torch.dtype = torch.int64) -> None:
         """Keep one decode step's rows (one per request: ``tokens[i]`` read at ``positions[i]``
-        with ``hidden[i]``). A request whose position does not follow its kept rows (it was
+        with ``hidden[i]``; ``token_dtype``: the sampled tokens' dtype). A request whose position does not follow its kept rows (it was
         preempted and recomputed) loses them: they no longer describe its cache."""
         if not self.fits(len(req_ids)):
             raise ValueError(f"{len(req_ids)} rows do not fit: {self.rows} of {self.capacity} "
@@ -79,8 +80,9 @@ class FirstPassBacklog:
             self.first_position.setdefault(r, p)
             self.next_position[r] = p + 1
         self.owners.extend(req_ids)
-        self.tokens.append(tokens.detach().clone())
-        self.positions.append(torch.tensor(positions, dtype=torch.long, device=tokens.device))
+        self.token_dtype = token_dtype
+        self.tokens.extend(tokens)
+        self.positions.extend(positions)
         self.hidden.append(hidden.detach().clone())
         self.deferred_steps += 1
 
@@ -117,12 +119,15 @@ class FirstPassBacklog:
             return None
         chosen.sort()  # shortest queries first
         order = [i for _, _, r in chosen for i in rows_of[r]]
-        index = torch.tensor(order, dtype=torch.long, device=self.tokens[0].device)
-        positions = torch.cat(self.positions).index_select(0, index)
+        device = self.hidden[0].device
+        index = torch.tensor(order, dtype=torch.long, device=device)
+        positions = torch.tensor([self.positions[i] for i in order], dtype=torch.long,
+                                 device=device)
         catch_up = CatchUp(batch_rows=[b for _, b, _ in chosen],
                            query_lens=[n for n, _, _ in chosen],
                            first_positions=[first_positions[b] - n for n, b, _ in chosen],
-                           tokens=torch.cat(self.tokens).index_select(0, index),
+                           tokens=torch.tensor([self.tokens[i] for i in order],
+                                               dtype=self.token_dtype, device=device),
                            positions=positions,
                            hidden=torch.cat(self.hidden).index_select(0, index))
         self.catch_ups += 1
@@ -137,8 +142,8 @@ class FirstPassBacklog:
         if not keep:
             self.tokens, self.positions, self.hidden, self.owners = [], [], [], []
             return
-        index = torch.tensor(keep, dtype=torch.long, device=self.tokens[0].device)
-        self.tokens = [torch.cat(self.tokens).index_select(0, index)]
-        self.positions = [torch.cat(self.positions).index_select(0, index)]
+        index = torch.tensor(keep, dtype=torch.long, device=self.hidden[0].device)
+        self.tokens = [self.tokens[i] for i in keep]
+        self.positions = [self.positions[i] for i in keep]
         self.hidden = [torch.cat(self.hidden).index_select(0, index)]
         self.owners = [self.owners[i] for i in keep]

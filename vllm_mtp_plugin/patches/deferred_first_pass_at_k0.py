@@ -124,28 +124,42 @@ def _deferring_runner(propose_draft_token_ids):
         call = arguments.of((self, scheduler_output, sampled_token_ids) + args, kwargs)
         batch = self.input_batch
         n = batch.num_reqs
-        cad = call("common_attn_metadata")
-        step = Step(req_ids=batch.req_ids[:n], starts=first_positions(cad), cad=cad,
-                    sampling_metadata=call("sampling_metadata"))
+        req_ids = batch.req_ids[:n]
         # Rows of requests the runner no longer holds (finished, even at a step that drafted
         # nothing) or that were preempted (recomputed later) go.
         if backlog.next_position:
             backlog.forget([r for r in backlog.next_position if r not in self.requests])
             backlog.forget(getattr(scheduler_output, "preempted_req_ids", None) or ())
-        step.deferrable = (scheduler_output.num_spec_tokens_to_schedule == 0
-                           and backlog.fits(n) and call("aux_hidden_states") is None
-                           and one_decode_token_each(cad, step.starts,
-                                                     batch.num_prompt_tokens[:n])
-                           and rows_are_final(self, n))
+        # The common k = 0 decode step is told from Python objects the step has just updated;
+        # the first touch of the runner's arrays after a forward costs more here than all of
+        # the deferral's own work.
+        starts = None
+        if (scheduler_output.num_spec_tokens_to_schedule == 0 and backlog.fits(n)
+                and call("aux_hidden_states") is None
+                and not isinstance(sampled_token_ids, list)
+                and not getattr(self, "use_async_spec_decode", False) and inputs_unread(self)):
+            starts = decode_starts(self.requests, req_ids,
+                                   scheduler_output.total_num_scheduled_tokens)
+        cad = call("common_attn_metadata")
+        step = Step(req_ids=req_ids, starts=starts if starts is not None else first_positions(cad),
+                    cad=cad, sampling_metadata=call("sampling_metadata"))
+        step.deferrable = starts is not None or (
+            scheduler_output.num_spec_tokens_to_schedule == 0
+            and backlog.fits(n) and call("aux_hidden_states") is None
+            and one_decode_token_each(cad, step.starts, batch.num_prompt_tokens[:n])
+            and rows_are_final(self, n))
         if step.deferrable and backlog.prefix_caching:
             step.catch_up_all = any(
                 start + 1 >= block_needed(backlog.first_position.get(r, start),
                                           drafter.block_size, backlog.block_drop)
                 for r, start in zip(step.req_ids, step.starts))
-        if step.deferrable and not isinstance(sampled_token_ids, list) and inputs_unread(self):
+        if starts is not None:
             self._draft_probs = None
             self._draft_prob_req_ids = None
-            defer(drafter, backlog, step, sampled_token_ids[:n, 0], call("hidden_states")[:n])
+            # [num_reqs, 1] at a step without drafts: one read-back, no slicing on the device
+            next_tokens = [row[0] for row in sampled_token_ids.tolist()[:n]]
+            defer(drafter, backlog, step, next_tokens, call("hidden_states")[:n],
+                  sampled_token_ids.dtype)
             # No drafts, as vLLM's list-returning proposers (n-gram) give them: no device tensor
             # to copy to the host and read back for the scheduler (``_copy_draft_token_ids_to_cpu``,
             # ``take_draft_token_ids``). Not under async scheduling, whose next step reads a
@@ -233,10 +247,11 @@ def block_needed(first_kept: int, block_size: int, block_drop: bool) -> int:
     return (first_kept // block_size + (2 if block_drop else 1)) * block_size
 
 
-def defer(drafter, backlog, step: Step, next_tokens: torch.Tensor, hidden: torch.Tensor) -> None:
+def defer(drafter, backlog, step: Step, next_tokens: list[int], hidden: torch.Tensor,
+          token_dtype) -> None:
     """Keep the step's rows, catch up at once the requests whose block the step filled; the
     caller answers with no drafts."""
-    backlog.defer(step.req_ids, step.starts, next_tokens, hidden)
+    backlog.defer(step.req_ids, step.starts, next_tokens, hidden, token_dtype)
     if step.catch_up_all:
         catch_up = backlog.take(step.req_ids, [s + 1 for s in step.starts])
         if catch_up is not None:
@@ -297,7 +312,8 @@ def _deferring(propose):
         if step.deferrable and call("num_speculative_tokens") == 0 and \
                 call("mm_embed_inputs") is None:
             next_tokens = call("next_token_ids")
-            defer(self, backlog, step, next_tokens[:n], call("target_hidden_states")[:n])
+            defer(self, backlog, step, next_tokens[:n].tolist(), call("target_hidden_states")[:n],
+                  next_tokens.dtype)
             import torch
 
             return torch.empty(n, 0, dtype=torch.int64, device=next_tokens.device)  # vLLM's k = 0
@@ -317,6 +333,26 @@ def first_positions(cad) -> list[int]:
     seq_lens = (seq_lens if seq_lens is not None else cad.seq_lens).tolist()
     query_start = cad.query_start_loc_cpu.tolist()
     return [int(s) - (query_start[i + 1] - query_start[i]) for i, s in enumerate(seq_lens)]
+
+
+def decode_starts(requests: dict, req_ids: list[str], scheduled_tokens: int) -> list[int] | None:
+    """Each request's position at a step that schedules one token per request, every one past
+    its prompt and with its sample kept (None: not such a step), from the runner's request states
+    (``CachedRequestState``: the computed tokens before the step; the tokens before this step's
+    sample, which the runner appends after proposing). A sample is thrown away where the step
+    ends short of the request's tokens (vLLM's ``discard_request_mask``, ``_prepare_inputs``:
+    computed + scheduled < tokens; optimistic counts only under async speculative decoding,
+    which the caller excludes)."""
+    if scheduled_tokens != len(req_ids):  # every request runs at least one token
+        return None
+    starts = []
+    for req_id in req_ids:
+        state = requests[req_id]
+        start = state.num_computed_tokens
+        if start < state.num_prompt_tokens or start + 1 < state.num_tokens:
+            return None
+        starts.append(start)
+    return starts
 
 
 def one_decode_token_each(cad, starts: list[int], prompt_lens) -> bool:

@@ -314,6 +314,39 @@ def test_buckets_and_cost_window():
     assert aged.median(4, 1, now=30) is None
 
 
+def test_a_kept_median_changes_with_a_sample_and_with_age():
+    """The controller asks every k's median at every step; it is kept between samples, but a
+    new sample or one ageing out changes it at once."""
+    costs = StepCosts(window=8, max_age=10)
+    costs.observe(1, 0, 4.0, step=0)
+    costs.observe(1, 0, 2.0, step=5)
+    assert costs.median(1, 0, now=6) == 3.0 and costs.median(1, 0, now=10) == 3.0
+    assert costs.median(1, 0, now=11) == 2.0  # the sample of step 0 aged out
+    costs.observe(1, 0, 8.0, step=12)
+    assert costs.median(1, 0, now=12) == 5.0
+    assert costs.median(1, 0, now=15) == 5.0 and costs.median(1, 0, now=16) == 8.0
+    assert costs.median(1, 0, now=23) is None
+    assert costs.median(1, 1, now=23) is None
+    costs.observe(1, 1, 1.0, step=23)  # a cell that had none
+    assert costs.median(1, 1, now=24) == 1.0
+
+
+def test_steps_without_drafts_decay_the_counts_as_every_step_does():
+    """A step without drafts only counts until the counts are read; read, they are what decaying
+    at every step gives."""
+    lazy = AcceptanceByPosition(2, half_life=10, shift_alpha=None)
+    decay = 0.5 ** (1 / 10)
+    lazy.observe_step([(2, 2), (2, 0)])
+    for _ in range(7):
+        lazy.observe_step([])
+    assert lazy.observations(1) == pytest.approx(2 * decay ** 7)
+    lazy.observe_step([(1, 1)])
+    assert lazy.observations(1) == pytest.approx(2 * decay ** 8 + 1)
+    assert lazy.observations(2) == pytest.approx(decay ** 8)
+    assert lazy.conditional_rates()[0] == pytest.approx(
+        (decay ** 8 + 1 + 4 * 0.5) / (2 * decay ** 8 + 1 + 4))
+
+
 def test_it_needs_a_configured_k():
     with pytest.raises(ValueError, match="num_speculative_tokens >= 1"):
         AdaptiveK(ControllerSettings(0))

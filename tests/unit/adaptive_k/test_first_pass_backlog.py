@@ -20,7 +20,7 @@ def step(backlog, req_ids, positions):
     """One deferred decode step: token = 100 * request + position, hidden rows alike."""
     tokens = torch.tensor([100 * int(r[1:]) + p for r, p in zip(req_ids, positions)])
     hidden = tokens.float()[:, None].repeat(1, HIDDEN)
-    backlog.defer(req_ids, positions, tokens, hidden)
+    backlog.defer(req_ids, positions, tokens.tolist(), hidden)
 
 
 def test_a_batch_takes_its_rows_per_request_in_position_order_shortest_first():
@@ -95,7 +95,7 @@ def test_finished_requests_free_their_rows_and_the_bound_holds():
 def test_kept_rows_are_copies():
     backlog = FirstPassBacklog(capacity=8)
     hidden = torch.ones(1, HIDDEN)
-    backlog.defer(["r1"], [3], torch.tensor([7]), hidden)
+    backlog.defer(["r1"], [3], [7], hidden)
     hidden.zero_()  # vLLM reuses its output buffers at the next step
     assert backlog.take(["r1"], [4]).hidden.sum() == HIDDEN
 
@@ -214,7 +214,7 @@ class FakeRunner:
         import numpy as np
 
         self.drafter = drafter(block_size=16)
-        self.requests = {"r1": object(), "r2": object()}
+        self.requests = {"r1": request_state(), "r2": request_state()}
         self.input_batch = types.SimpleNamespace(req_ids=["r1", "r2"], num_reqs=2,
                                                  num_prompt_tokens=np.array([4, 4]))
         self.discard_request_mask = types.SimpleNamespace(np=np.zeros(2, dtype=bool))
@@ -227,7 +227,22 @@ class FakeRunner:
         return types.SimpleNamespace()
 
 
-def propose_step(runner, k=0, seq_lens=(9, 12)):
+def request_state(prompt_tokens=4):
+    """vLLM's CachedRequestState as the wrapper reads it (set per step by ``propose_step``)."""
+    return types.SimpleNamespace(num_prompt_tokens=prompt_tokens, num_computed_tokens=0,
+                                 num_tokens=prompt_tokens)
+
+
+def propose_step(runner, k=0, seq_lens=(9, 12), discarded=()):
+    """One step's call of the wrapped ``propose_draft_token_ids``: each request decodes one token
+    (context ``seq_lens``); a request in ``discarded`` has tokens beyond the step (a sample vLLM
+    throws away), in its state and in vLLM's mask alike."""
+    for i, (req_id, seq_len) in enumerate(zip(runner.input_batch.req_ids, seq_lens)):
+        state = runner.requests[req_id]
+        state.num_computed_tokens = seq_len - 1
+        state.num_tokens = seq_len + (4 if req_id in discarded else 0)
+        runner.discard_request_mask.np[i] = req_id in discarded
+
     def original(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
                  sample_hidden_states, aux_hidden_states, spec_decode_metadata,
                  common_attn_metadata, slot_mappings):
@@ -236,6 +251,7 @@ def propose_step(runner, k=0, seq_lens=(9, 12)):
 
     wrapped = patch._deferring_runner(original)
     scheduler_output = types.SimpleNamespace(num_spec_tokens_to_schedule=k,
+                                             total_num_scheduled_tokens=len(seq_lens),
                                              preempted_req_ids=set())
     return wrapped(runner, scheduler_output, torch.tensor([[7], [8]]), None,
                    torch.ones(2, HIDDEN), None, None, None, cad([1, 1], list(seq_lens)), None)
@@ -247,11 +263,9 @@ def test_the_runner_defers_only_steps_whose_rows_are_what_the_layer_would_read()
     # no drafts as vLLM's n-gram proposer gives them (a list per request): nothing to copy
     assert drafts == [[], []] and runner.original_calls == 0
     backlog = runner.drafter._mtp_first_pass_backlog
-    assert backlog.rows == 2 and backlog.tokens[0].tolist() == [7, 8]
+    assert backlog.rows == 2 and backlog.tokens == [7, 8]
     assert propose_step(runner, k=2, seq_lens=(10, 13)) == "vLLM's"  # drafts asked for
-    discarded = FakeRunner()
-    discarded.discard_request_mask.np[1] = True  # a sample vLLM throws away
-    assert propose_step(discarded) == "vLLM's"
+    assert propose_step(FakeRunner(), discarded={"r2"}) == "vLLM's"  # a sample thrown away
     optimistic = FakeRunner(use_async_spec_decode=True, prev_num_draft_tokens=types.SimpleNamespace(
         np=torch.tensor([0, 2]).numpy()))  # positions assume the last drafts accepted
     assert propose_step(optimistic) == "vLLM's"
@@ -261,7 +275,29 @@ def test_the_runner_defers_only_steps_whose_rows_are_what_the_layer_would_read()
     gone = FakeRunner()
     propose_step(gone)
     gone.requests.pop("r2")  # finished at a step that drafted nothing; r3 took its place
-    gone.requests["r3"] = object()
+    gone.requests["r3"] = request_state()
     gone.input_batch.req_ids = ["r1", "r3"]
     propose_step(gone, seq_lens=(10, 13))
     assert "r2" not in gone.drafter._mtp_first_pass_backlog.next_position
+
+
+def test_decode_starts_reads_the_request_states_as_vllm_masks_samples():
+    def state(computed, prompt, tokens):
+        return types.SimpleNamespace(num_computed_tokens=computed, num_prompt_tokens=prompt,
+                                     num_tokens=tokens)
+
+    decoding = {"a": state(8, 4, 9), "b": state(11, 4, 12)}
+    assert patch.decode_starts(decoding, ["a", "b"], 2) == [8, 11]
+    assert patch.decode_starts(decoding, ["b"], 1) == [11]
+    assert patch.decode_starts(decoding, ["a", "b"], 3) is None  # a request ran two tokens
+    # the last token of a prompt's chunk samples the first output: kept, but not a decode step
+    assert patch.decode_starts({"a": state(3, 4, 4)}, ["a"], 1) is None
+    # a recomputed request (preempted) one token at a time: its samples are thrown away
+    assert patch.decode_starts({"a": state(6, 4, 9)}, ["a"], 1) is None
+
+
+def test_caught_up_tokens_keep_the_sampled_dtype():
+    backlog = FirstPassBacklog(8)
+    backlog.defer(["r1"], [5], [42], torch.ones(1, HIDDEN), torch.int32)
+    catch_up = backlog.take(["r1"], [6])
+    assert catch_up.tokens.dtype == torch.int32 and catch_up.tokens.tolist() == [42]
