@@ -140,10 +140,24 @@ class AdaptiveLookup:
         return self.steps.choose(batch_size)
 
 
+def choosable_ks(vllm_config, lookup: list[int], max_k: int) -> tuple[int, ...]:
+    """The k the controller may choose: every one from 0 to ``max_k``, except where vLLM
+    prepares for each k. Model Runner V2 with CUDA graphs captures a decode graph for each k of
+    its dense lookup (``v1/worker/gpu/cudagraph_utils.py`` ~270-292), which covers the batch sizes
+    up to ``max_num_seqs`` only (the table names k = j at batch size j + 1): there, the k of
+    ``lookup``. The V1 runner and a runner without CUDA graphs (every CPU) take any k."""
+    everything = tuple(range(max_k + 1))
+    mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
+    if mode is None or getattr(mode, "name", "NONE") == "NONE" or \
+            not vllm_config.use_v2_model_runner:
+        return everything
+    return tuple(sorted(set(lookup[1:])))
+
+
 def scheduler_init_with_adaptive_k(self, *args, **kwargs):
     """vLLM's ``Scheduler.__init__``; then, where the speculative config carries the table of
     ``schedule_table``, the controller takes the lookup's place, choosing among the k vLLM
-    prepared for (the table's rows up to ``max_num_seqs``). Where it cannot run (pipeline
+    can run (``choosable_ks``). Where it cannot run (pipeline
     parallelism: a step verifies drafts chosen ``pp`` steps earlier, which its costs do not
     model), the scheduler gets vLLM's fixed k back instead of the table's literal rows."""
     _vllm_scheduler_init(self, *args, **kwargs)
@@ -160,8 +174,14 @@ def scheduler_init_with_adaptive_k(self, *args, **kwargs):
         return
     from ..adaptive_k.engine_steps import EngineSteps
 
-    prepared = tuple(sorted(set(self.dynamic_sd_lookup[1:])))
-    self._mtp_adaptive_steps = EngineSteps(self.num_spec_tokens, prepared)
+    ks = choosable_ks(self.vllm_config, self.dynamic_sd_lookup, self.num_spec_tokens)
+    if len(ks) <= self.num_spec_tokens:
+        logger.warning("vllm-mtp-plugin: adaptive k chooses among k = %s only: Model Runner V2 "
+                       "captures CUDA graphs for the k its table names up to max_num_seqs = %d; "
+                       "max_num_seqs >= %d makes every k up to %d available", list(ks),
+                       len(self.dynamic_sd_lookup) - 1, self.num_spec_tokens + 1,
+                       self.num_spec_tokens)
+    self._mtp_adaptive_steps = EngineSteps(self.num_spec_tokens, ks)
     self.dynamic_sd_lookup = AdaptiveLookup(self._mtp_adaptive_steps)
 
 

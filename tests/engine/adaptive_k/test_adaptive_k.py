@@ -59,12 +59,14 @@ def run(model_dir, prompts, tmp_path_factory):
 
     @functools.cache
     def go(runner: str | None = None, default_process_mode=False, layer_calls=False,
-           tp: int = 1) -> tuple[dict, str]:
+           tp: int = 1, max_num_seqs: int | None = None) -> tuple[dict, str]:
         """k = K with the switch on. fp32: a small model has near-ties that bf16 rounds
         differently in a verify pass and a decode step (tests/engine/tiny/test_trained_model.py)."""
-        log = logs / f"{runner}-{default_process_mode}-{layer_calls}-tp{tp}.log"
+        log = logs / f"{runner}-{default_process_mode}-{layer_calls}-tp{tp}-{max_num_seqs}.log"
         env = dict(ADAPTIVE)
         llm_kwargs = {"dtype": "float32"}
+        if max_num_seqs:
+            llm_kwargs["max_num_seqs"] = max_num_seqs
         if tp > 1:  # one rank per core (tests/engine/plugin/test_tensor_parallel.py)
             env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
             llm_kwargs.update(tensor_parallel_size=tp, distributed_executor_backend="mp")
@@ -112,8 +114,10 @@ def test_model_runner_v2(run, model_dir, prompt_ids):
 
 def test_default_process_mode_and_compiled(run, model_dir, prompt_ids):
     """The engine core spawned, its config pickled: the table reaches it and the controller
-    runs there (its log lines come from that process)."""
-    adaptive, log = run(default_process_mode=True)
+    runs there (its log lines come from that process). One sequence at a time: vLLM's dense
+    lookup then names k = 0 only, yet the V1 runner takes every k (``choosable_ks``)."""
+    adaptive, log = run(default_process_mode=True, max_num_seqs=1)
+    assert "choices [0, 1, 2, 3]" in log
     assert adaptive["compilation"] != "eager"
     assert_targets_own(model_dir, prompt_ids, adaptive)
     assert set(steps_at_k(log)) == set(range(K + 1))

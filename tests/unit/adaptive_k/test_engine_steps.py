@@ -238,3 +238,25 @@ def test_measuring_engines_keep_their_k_when_the_operator_exported_the_switch():
     assert "VLLM_MTP_ADAPTIVE_K" not in env and "VLLM_MTP_ADAPTIVE_K_STATE" not in env
     assert env["PATH"] == "/bin"
     assert server_env("plugin")["VLLM_MTP_ADAPTIVE_K"] == "0"
+
+
+def test_every_k_is_choosable_unless_v2_captures_graphs_per_k():
+    """With one sequence at a time vLLM's dense lookup names k = 0 only; the V1 runner and any
+    runner without CUDA graphs (every CPU) still run any k, so the controller gets them all.
+    Model Runner V2 with CUDA graphs captures a decode graph per k of that lookup only."""
+    import types
+
+    table = patch.schedule_table(3)
+    one_seq = build_dynamic_sd_schedule_lookup(table, 1, 3)
+    assert one_seq[1:] == [0]
+
+    def config(v2, mode):
+        return types.SimpleNamespace(use_v2_model_runner=v2, compilation_config=types.SimpleNamespace(
+            cudagraph_mode=None if mode is None else types.SimpleNamespace(name=mode)))
+
+    assert patch.choosable_ks(config(False, "FULL_AND_PIECEWISE"), one_seq, 3) == (0, 1, 2, 3)
+    assert patch.choosable_ks(config(True, "NONE"), one_seq, 3) == (0, 1, 2, 3)
+    assert patch.choosable_ks(config(True, None), one_seq, 3) == (0, 1, 2, 3)
+    assert patch.choosable_ks(config(True, "FULL_AND_PIECEWISE"), one_seq, 3) == (0,)
+    two_seqs = build_dynamic_sd_schedule_lookup(table, 2, 3)
+    assert patch.choosable_ks(config(True, "FULL"), two_seqs, 3) == (0, 1)
