@@ -62,28 +62,47 @@ def new_layer(config, layer_index: int) -> nn.Module:
 
 def to_module_state(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[str, torch.Tensor]:
     """Checkpoint tensors of one layer (names below ``model.layers.{L}.``) -> MtpLayer state."""
-    state, experts = {}, {}
+    state, experts, block = sort_layer_tensors(tensors, SHARED_COPIES, OWN_TENSORS, EXPERT)
+    state.update({"mtp_block." + name: tensor for name, tensor in block.items()})
+    if experts:
+        gate_up, down = fused_experts(experts, num_experts, ("gate_proj", "up_proj", "down_proj"),
+                                      "mlp.experts.{}.{}.weight")
+        state["mtp_block.mlp.experts.gate_up_proj"] = gate_up
+        state["mtp_block.mlp.experts.down_proj"] = down
+    return state
+
+
+def sort_layer_tensors(tensors: dict[str, torch.Tensor], copies: tuple[str, ...],
+                       own: dict[str, str], expert: re.Pattern) -> tuple[dict, dict, dict]:
+    """One layer's tensors, sorted: its own (renamed by ``own``), its experts by (index, part)
+    (``expert`` matches them: index, part), the rest of its block; the target's copies dropped."""
+    state, experts, block = {}, {}, {}
     for name, tensor in tensors.items():
-        if name in SHARED_COPIES:
+        if name in copies:
             continue
-        if name in OWN_TENSORS:
-            state[OWN_TENSORS[name]] = tensor
-        elif match := EXPERT.match(name):
+        if name in own:
+            state[own[name]] = tensor
+        elif match := expert.match(name):
             experts[(int(match[1]), match[2])] = tensor
         else:
-            state["mtp_block." + name] = tensor
-    if experts:
-        missing = [f"mlp.experts.{e}.{p}.weight" for e in range(num_experts)
-                   for p in ("gate_proj", "up_proj", "down_proj") if (e, p) not in experts]
-        if missing:
-            raise KeyError(f"expert tensors missing: {', '.join(missing[:3])}"
-                           + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
-        state["mtp_block.mlp.experts.gate_up_proj"] = torch.stack([
-            torch.cat([experts[(e, "gate_proj")], experts[(e, "up_proj")]]) for e in
-            range(num_experts)])
-        state["mtp_block.mlp.experts.down_proj"] = torch.stack([
-            experts[(e, "down_proj")] for e in range(num_experts)])
-    return state
+            block[name] = tensor
+    return state, experts, block
+
+
+def fused_experts(experts: dict[tuple[int, str], torch.Tensor], num_experts: int,
+                  parts: tuple[str, str, str], name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-expert tensors ``{(e, part): tensor}`` -> transformers' fused ``gate_up_proj``
+    (``[E, 2I, H]``, gate then up) and ``down_proj``; ``parts``: the checkpoint's (gate, up,
+    down) names, ``name``: how a missing one is named (``name.format(e, part)``)."""
+    gate, up, down = parts
+    missing = [name.format(e, p) for e in range(num_experts) for p in parts
+               if (e, p) not in experts]
+    if missing:
+        raise KeyError(f"expert tensors missing: {', '.join(missing[:3])}"
+                       + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
+    return (torch.stack([torch.cat([experts[(e, gate)], experts[(e, up)]])
+                         for e in range(num_experts)]),
+            torch.stack([experts[(e, down)] for e in range(num_experts)]))
 
 
 def to_checkpoint_tensors(state: dict[str, torch.Tensor], prefix: str = ""

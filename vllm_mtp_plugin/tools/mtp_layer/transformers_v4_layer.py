@@ -1,0 +1,213 @@
+"""DeepSeek-V4's MTP layer outside vLLM: transformers' DeepSeek-V4 modules, read from DeepSeek's
+names. The reference forward that training a V4 layer and ``doctor`` for V4 build on.
+
+transformers (5.19) runs a V4 target (hyper-connections, V4 attention, MoE) and drops ``mtp.*``
+on load; it has no V4 MTP layer (its ``MtpLayer`` is V3's: ``eh_proj`` over concatenated inputs,
+one stream, no ``hc_head``). The layer here computes what the plugin serves (``models/v4.py``):
+
+    x = h_proj(hnorm(h)) + e_proj(enorm(e))   # per hc_mult stream; e zeroed at position 0
+    x = block(x)                              # transformers' DeepseekV4DecoderLayer
+    logits = head(norm(hc_head(x)))           # the target's head
+
+``h`` is the target's residual before its ``hc_head`` (vLLM's ``get_mtp_target_hidden_states``,
+``(T, hc_mult * H)`` flattened): the input of transformers' ``model.hc_head``, read by a forward
+pre-hook (``output_hidden_states`` replaces its last entry with ``norm(hc_head(x))``).
+
+Names: a block tensor ``mtp.{j}.<name>`` is renamed by transformers' own V4 rules as
+``layers.{n + j}.<name>`` would be (``conversion_mapping.py``, ``"deepseek_v4"``), experts fused as
+transformers keeps them; the layer's own tensors by ``OWN_TENSORS`` (transformers' rules would
+read ``norm`` as an attention norm and leave ``hc_head_*`` unmatched). Copies of the embedding and
+head some exports store (``emb.tok_emb``, ``head``) are the target's and are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# Checkpoint name below ``mtp.{j}.`` -> the layer's module name, for the layer's own tensors.
+OWN_TENSORS = {"enorm.weight": "enorm.weight", "hnorm.weight": "hnorm.weight",
+               "e_proj.weight": "e_proj.weight", "h_proj.weight": "h_proj.weight",
+               "norm.weight": "norm.weight", "hc_head_fn": "hc_head.hc_fn",
+               "hc_head_base": "hc_head.hc_base", "hc_head_scale": "hc_head.hc_scale"}
+TARGET_COPIES = ("emb.tok_emb.weight", "head.weight")
+EXPERT = re.compile(r"ffn\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
+# Mixers DeepSeek keeps in float32 (the checkpoint stores them so; vLLM mixes in float32).
+FLOAT32_MODULES = ("block.attn_hc", "block.ffn_hc", "hc_head")
+
+
+def block_config(model_dir: str | Path, layer_index: int):
+    """transformers' ``DeepseekV4Config`` of the checkpoint, extended to cover the MTP block at
+    ``layer_index`` (n + j): transformers cuts ``compress_ratios`` to the target's layers, the
+    block reads its attention kind and MoE kind at its own index. The MTP block is never
+    hash-routed (as vLLM builds it)."""
+    from transformers import AutoConfig, DeepseekV4Config
+
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    ratios = raw.get("compress_ratios")
+    if ratios is not None and len(ratios) <= layer_index:
+        raise ValueError(f"{model_dir}/config.json: compress_ratios has {len(ratios)} entries, "
+                         f"none for the MTP block at layer {layer_index}")
+    # the layer types are derived from the legacy fields as the config is built (a keyword
+    # override of num_hidden_layers comes after that)
+    extended = DeepseekV4Config.from_dict({**raw, "num_hidden_layers": layer_index + 1})
+    config = AutoConfig.from_pretrained(str(model_dir))
+    block = copy.deepcopy(config)
+    block.layer_types = list(extended.layer_types)
+    block.mlp_layer_types = list(extended.mlp_layer_types)[:layer_index] + ["moe"]
+    return block
+
+
+class V4MtpLayer(nn.Module):
+    """One V4 MTP layer in transformers' modules (``forward``: the block's streams, fed back as the
+    next depth's ``h``; ``logits_input``: what the target's head reads)."""
+
+    def __init__(self, config, layer_index: int):
+        super().__init__()
+        from transformers.models.deepseek_v4.modeling_deepseek_v4 import (
+            DeepseekV4DecoderLayer,
+            DeepseekV4HyperHead,
+            DeepseekV4RMSNorm,
+        )
+
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.enorm = DeepseekV4RMSNorm(hidden, eps)
+        self.hnorm = DeepseekV4RMSNorm(hidden, eps)
+        self.e_proj = nn.Linear(hidden, hidden, bias=False)
+        self.h_proj = nn.Linear(hidden, hidden, bias=False)
+        self.block = DeepseekV4DecoderLayer(config, layer_index)
+        self.hc_head = DeepseekV4HyperHead(config)
+        self.norm = DeepseekV4RMSNorm(hidden, eps)
+
+    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor, **block_kwargs) -> torch.Tensor:
+        """``hidden`` ``[B, T, hc_mult, H]``, ``embeds`` ``[B, T, H]`` -> ``[B, T, hc_mult, H]``."""
+        fused = self.h_proj(self.hnorm(hidden)) + self.e_proj(self.enorm(embeds)).unsqueeze(2)
+        return self.block(fused, **block_kwargs)
+
+    def logits_input(self, streams: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.hc_head(streams))
+
+
+def to_module_state(tensors: dict[str, torch.Tensor], layer_index: int, num_experts: int
+                    ) -> dict[str, torch.Tensor]:
+    """Tensors of one MTP layer (names below ``mtp.{j}.``) -> ``V4MtpLayer`` state."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import (
+        WeightConverter,
+        WeightRenaming,
+        rename_source_key,
+    )
+
+    from .transformers_layer import fused_experts, sort_layer_tensors
+
+    rules = get_checkpoint_conversion_mapping("deepseek_v4")
+    renamings = [r for r in rules if isinstance(r, WeightRenaming)]
+    converters = [r for r in rules if isinstance(r, WeightConverter)]
+    state, experts, block = sort_layer_tensors(tensors, TARGET_COPIES, OWN_TENSORS, EXPERT)
+    for name, tensor in block.items():
+        renamed, _ = rename_source_key(f"layers.{layer_index}.{name}", renamings, converters)
+        # "model.layers.{i}.<module name>" (or without "model."): the part below the layer
+        state["block." + renamed.split(f"layers.{layer_index}.", 1)[1]] = tensor
+    state["block.mlp.experts.gate_up_proj"], state["block.mlp.experts.down_proj"] = \
+        fused_experts(experts, num_experts, ("w1", "w3", "w2"), "ffn.experts.{}.{}.weight")
+    return state
+
+
+def load_reference(model_dir: str | Path, depth: int = 0, dtype: torch.dtype = torch.float32):
+    """The target (transformers) and its MTP layer ``mtp.{depth}`` from a bf16/fp32 V4
+    checkpoint, in ``dtype`` with the mixers in float32, in eval mode. FP8/FP4 checkpoints are
+    not read here."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    if config.get("quantization_config"):
+        raise ValueError(f"{model_dir}: a quantized V4 checkpoint; the reference reads bf16 or "
+                         "fp32 weights (build the tiny one with quantization=None)")
+    # transformers keeps norms in float32 on load, which its bf16 forward does not take on a
+    # CPU: load in float32, cast after
+    target = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    layer_index = target.config.num_hidden_layers + depth
+    prefix = f"mtp.{depth}."
+    tensors = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():
+                if name.startswith(prefix):
+                    tensors[name[len(prefix):]] = f.get_tensor(name).float()
+    if not tensors:
+        raise ValueError(f"{model_dir}: no {prefix}* tensors (a checkpoint without MTP layer "
+                         f"{depth})")
+    block = block_config(model_dir, layer_index)
+    for kind in ("_attn_implementation", "_experts_implementation"):  # as the target's blocks
+        setattr(block, kind, getattr(target.config, kind, None))
+    layer = V4MtpLayer(block, layer_index)
+    state = to_module_state(tensors, layer_index, target.config.n_routed_experts)
+    missing, unexpected = layer.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise KeyError(f"{model_dir}: {prefix}* does not match the V4 MTP layer: missing "
+                       f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    for module in (target, layer):
+        module.to(dtype)
+        module.eval()
+    for module in target.modules():
+        if type(module).__name__ in ("DeepseekV4HyperConnection", "DeepseekV4HyperHead"):
+            module.float()
+    for name in FLOAT32_MODULES:
+        layer.get_submodule(name).float()
+    return target, layer
+
+
+@contextlib.contextmanager
+def residual_before_hc_head(target):
+    """Collects the target's residual before its ``hc_head`` (``[B, T, hc_mult, H]``) while
+    inside: ``caught["hidden"]`` after a forward."""
+    caught: dict[str, torch.Tensor] = {}
+    handle = target.model.hc_head.register_forward_pre_hook(
+        lambda module, args: caught.__setitem__("hidden", args[0]))
+    try:
+        yield caught
+    finally:
+        handle.remove()
+
+
+def layer_logits(target, layer: V4MtpLayer, hidden: torch.Tensor, token_ids: torch.Tensor
+                 ) -> torch.Tensor:
+    """The layer's logits at positions 0..T-2 of ``token_ids`` ``[B, T]``: at position i it reads
+    the target's ``hidden[:, i]`` and token i+1 (its embedding zeroed at position 0, as vLLM
+    serves it) and predicts token i+2."""
+    from transformers.masking_utils import create_sliding_window_causal_mask
+
+    batch, length = token_ids.shape
+    positions = torch.arange(length - 1).unsqueeze(0).expand(batch, -1)
+    embeds = target.model.embed_tokens(token_ids[:, 1:])
+    embeds = torch.where(positions.unsqueeze(-1) == 0, 0, embeds)
+    rotary = {kind: target.model.rotary_emb(embeds, position_ids=positions, layer_type=kind)
+              for kind in ("main", "compress")}
+    mask = create_sliding_window_causal_mask(config=target.config, inputs_embeds=embeds,
+                                             attention_mask=None, past_key_values=None,
+                                             position_ids=positions)
+    streams = layer(hidden[:, :-1].to(embeds.dtype), embeds, position_embeddings=rotary,
+                    position_ids=positions, attention_mask=mask, past_key_values=None)
+    return target.lm_head(layer.logits_input(streams).to(target.lm_head.weight.dtype))
+
+
+def greedy_first_position(target, layer: V4MtpLayer, token_ids: torch.Tensor
+                          ) -> tuple[int, int]:
+    """(accepted, drafted) on ``token_ids`` with the target's own greedy continuation as the
+    verifier: the layer's draft at position i >= 1 against the target's argmax at position i+1
+    (position 0 is left out: its embedding is zeroed)."""
+    with torch.no_grad(), residual_before_hc_head(target) as caught:
+        target_logits = target(token_ids, use_cache=False).logits
+    with torch.no_grad():
+        drafts = layer_logits(target, layer, caught["hidden"], token_ids).argmax(-1)
+    greedy = target_logits.argmax(-1)
+    accepted = (drafts[:, 1:] == greedy[:, 2:])
+    return int(accepted.sum()), accepted.numel()
