@@ -14,6 +14,8 @@ TUNE = tuple(f"benchmarks/results/tune-{name}/{f}" for name in tune.MODELS
 VIEWS: dict[str, View] = {
     "adaptive-shift": View(adaptive.shift_table, (adaptive.SHIFT,)),
     "adaptive-steady": View(adaptive.steady_table, (adaptive.STEADY,)),
+    "adaptive-steady-rerun": View(partial(adaptive.steady_table, adaptive.STEADY_RERUN),
+                                  (adaptive.STEADY_RERUN,)),
     "adaptive-shift-ratio": View(adaptive.shift_ratio, (adaptive.SHIFT,)),
     "adaptive-shift-rerun-ratio": View(partial(adaptive.shift_ratio, True),
                                        (adaptive.SHIFT, adaptive.RERUN)),

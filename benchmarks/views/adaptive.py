@@ -13,6 +13,9 @@ from .common import ROOT, bench_rows, load, source_line, table
 SHIFT = "benchmarks/results/adaptive-shift/shift.json"
 RERUN = "benchmarks/results/adaptive-shift/rerun/shift.json"
 STEADY = "benchmarks/results/adaptive-steady/trained-c1/results.json"
+# The same cell run again once the controller could choose every k at one sequence (another
+# machine, a later commit).
+STEADY_RERUN = "benchmarks/results/adaptive-steady/trained-c1-rerun/results.json"
 
 
 def _ratios(adaptive: dict, fixed: dict) -> tuple[list[float], float]:
