@@ -14,6 +14,17 @@ from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint
 pytest.importorskip("transformers.models.deepseek_v4")
 
 
+@pytest.fixture(autouse=True)
+def vllms_config_registered(monkeypatch):
+    """Once vLLM has read a V4 config in a process, ``AutoConfig`` maps ``deepseek_v4`` to vLLM's
+    own config class (``transformers_utils/config.py`` ``_register_config_class``), which
+    transformers' modeling does not take: the reference must not go through ``AutoConfig``."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from vllm.transformers_utils.configs.deepseek_v4 import DeepseekV4Config
+
+    monkeypatch.setitem(CONFIG_MAPPING._extra_content, "deepseek_v4", DeepseekV4Config)
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_v4")

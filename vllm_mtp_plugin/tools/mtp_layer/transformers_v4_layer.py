@@ -42,12 +42,21 @@ EXPERT = re.compile(r"ffn\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
 FLOAT32_MODULES = ("block.attn_hc", "block.ffn_hc", "hc_head")
 
 
+def transformers_config(model_dir: str | Path):
+    """transformers' own ``DeepseekV4Config`` of the checkpoint, named directly: once vLLM is
+    imported, ``AutoConfig`` maps ``deepseek_v4`` to vLLM's config class, which transformers'
+    modeling does not take."""
+    from transformers.models.deepseek_v4 import DeepseekV4Config
+
+    return DeepseekV4Config.from_pretrained(str(model_dir))
+
+
 def block_config(model_dir: str | Path, layer_index: int):
     """transformers' ``DeepseekV4Config`` of the checkpoint, extended to cover the MTP block at
     ``layer_index`` (n + j): transformers cuts ``compress_ratios`` to the target's layers, the
     block reads its attention kind and MoE kind at its own index. The MTP block is never
     hash-routed (as vLLM builds it)."""
-    from transformers import AutoConfig, DeepseekV4Config
+    from transformers.models.deepseek_v4 import DeepseekV4Config
 
     raw = json.loads((Path(model_dir) / "config.json").read_text())
     ratios = raw.get("compress_ratios")
@@ -57,8 +66,7 @@ def block_config(model_dir: str | Path, layer_index: int):
     # the layer types are derived from the legacy fields as the config is built (a keyword
     # override of num_hidden_layers comes after that)
     extended = DeepseekV4Config.from_dict({**raw, "num_hidden_layers": layer_index + 1})
-    config = AutoConfig.from_pretrained(str(model_dir))
-    block = copy.deepcopy(config)
+    block = copy.deepcopy(transformers_config(model_dir))
     block.layer_types = list(extended.layer_types)
     block.mlp_layer_types = list(extended.mlp_layer_types)[:layer_index] + ["moe"]
     return block
@@ -124,7 +132,7 @@ def load_reference(model_dir: str | Path, depth: int = 0, dtype: torch.dtype = t
     checkpoint, in ``dtype`` with the mixers in float32, in eval mode. FP8/FP4 checkpoints are
     not read here."""
     from safetensors import safe_open
-    from transformers import AutoModelForCausalLM
+    from transformers.models.deepseek_v4 import DeepseekV4ForCausalLM
 
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
@@ -133,7 +141,8 @@ def load_reference(model_dir: str | Path, depth: int = 0, dtype: torch.dtype = t
                          "fp32 weights (build the tiny one with quantization=None)")
     # transformers keeps norms in float32 on load, which its bf16 forward does not take on a
     # CPU: load in float32, cast after
-    target = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    target = DeepseekV4ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                   config=transformers_config(model_dir))
     layer_index = target.config.num_hidden_layers + depth
     prefix = f"mtp.{depth}."
     tensors = {}
