@@ -67,8 +67,9 @@ class FirstPassBacklog:
     def defer(self, req_ids: list[str], positions: list[int], tokens: list[int],
               hidden: torch.Tensor, token_dtype: torch.dtype = torch.int64) -> None:
         """Keep one decode step's rows (one per request: ``tokens[i]`` read at ``positions[i]``
-        with ``hidden[i]``; ``token_dtype``: the sampled tokens' dtype). A request whose position does not follow its kept rows (it was
-        preempted and recomputed) loses them: they no longer describe its cache."""
+        with ``hidden[i]``; ``token_dtype``: the sampled tokens' dtype). A request whose position
+        does not follow its kept rows (it was preempted and recomputed) loses them: they no
+        longer describe its cache."""
         if not self.fits(len(req_ids)):
             raise ValueError(f"{len(req_ids)} rows do not fit: {self.rows} of {self.capacity} "
                              "kept (check fits() first)")

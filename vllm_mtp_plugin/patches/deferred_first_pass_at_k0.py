@@ -133,20 +133,19 @@ def _deferring_runner(propose_draft_token_ids):
         # The common k = 0 decode step is told from Python objects the step has just updated;
         # the first touch of the runner's arrays after a forward costs more here than all of
         # the deferral's own work.
+        may_skip = (scheduler_output.num_spec_tokens_to_schedule == 0 and backlog.fits(n)
+                    and call("aux_hidden_states") is None)
         starts = None
-        if (scheduler_output.num_spec_tokens_to_schedule == 0 and backlog.fits(n)
-                and call("aux_hidden_states") is None
-                and not isinstance(sampled_token_ids, list)
+        if (may_skip and not isinstance(sampled_token_ids, list)
                 and not getattr(self, "use_async_spec_decode", False) and inputs_unread(self)):
             starts = decode_starts(self.requests, req_ids,
                                    scheduler_output.total_num_scheduled_tokens)
         cad = call("common_attn_metadata")
         step = Step(req_ids=req_ids, starts=starts if starts is not None else first_positions(cad),
                     cad=cad, sampling_metadata=call("sampling_metadata"))
+        # Elsewhere (the drafter's propose decides, e.g. under async scheduling) from the arrays.
         step.deferrable = starts is not None or (
-            scheduler_output.num_spec_tokens_to_schedule == 0
-            and backlog.fits(n) and call("aux_hidden_states") is None
-            and one_decode_token_each(cad, step.starts, batch.num_prompt_tokens[:n])
+            may_skip and one_decode_token_each(cad, step.starts, batch.num_prompt_tokens[:n])
             and rows_are_final(self, n))
         if step.deferrable and backlog.prefix_caching:
             step.catch_up_all = any(
