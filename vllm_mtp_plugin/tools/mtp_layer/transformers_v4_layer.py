@@ -187,25 +187,37 @@ def residual_before_hc_head(target):
         handle.remove()
 
 
-def layer_logits(target, layer: V4MtpLayer, hidden: torch.Tensor, token_ids: torch.Tensor
-                 ) -> torch.Tensor:
-    """The layer's logits at positions 0..T-2 of ``token_ids`` ``[B, T]``: at position i it reads
-    the target's ``hidden[:, i]`` and token i+1 (its embedding zeroed at position 0, as vLLM
-    serves it) and predicts token i+2."""
+def layer_streams(target, layer: V4MtpLayer, hidden: torch.Tensor, next_tokens: torch.Tensor,
+                  positions: torch.Tensor) -> torch.Tensor:
+    """The layer's output streams ``[B, T, hc_mult, H]`` for one sequence per row: at each position
+    it reads the target's ``hidden`` ``[B, T, hc_mult, H]`` there and ``next_tokens`` (the token
+    after it; its embedding zeroed at position 0, as vLLM serves it)."""
     from transformers.masking_utils import create_sliding_window_causal_mask
 
-    batch, length = token_ids.shape
-    positions = torch.arange(length - 1).unsqueeze(0).expand(batch, -1)
-    embeds = target.model.embed_tokens(token_ids[:, 1:])
+    embeds = target.model.embed_tokens(next_tokens)
     embeds = torch.where(positions.unsqueeze(-1) == 0, 0, embeds)
     rotary = {kind: target.model.rotary_emb(embeds, position_ids=positions, layer_type=kind)
               for kind in ("main", "compress")}
     mask = create_sliding_window_causal_mask(config=target.config, inputs_embeds=embeds,
                                              attention_mask=None, past_key_values=None,
                                              position_ids=positions)
-    streams = layer(hidden[:, :-1].to(embeds.dtype), embeds, position_embeddings=rotary,
-                    position_ids=positions, attention_mask=mask, past_key_values=None)
+    return layer(hidden.to(embeds.dtype), embeds, position_embeddings=rotary,
+                 position_ids=positions, attention_mask=mask, past_key_values=None)
+
+
+def streams_logits(target, layer: V4MtpLayer, streams: torch.Tensor) -> torch.Tensor:
+    """The target's head on ``layer``'s ``hc_head`` and norm of ``streams`` ``[..., hc_mult, H]``."""
     return target.lm_head(layer.logits_input(streams).to(target.lm_head.weight.dtype))
+
+
+def layer_logits(target, layer: V4MtpLayer, hidden: torch.Tensor, token_ids: torch.Tensor
+                 ) -> torch.Tensor:
+    """The layer's logits at positions 0..T-2 of ``token_ids`` ``[B, T]``: at position i it reads
+    the target's ``hidden[:, i]`` and token i+1 and predicts token i+2."""
+    batch, length = token_ids.shape
+    positions = torch.arange(length - 1).unsqueeze(0).expand(batch, -1)
+    streams = layer_streams(target, layer, hidden[:, :-1], token_ids[:, 1:], positions)
+    return streams_logits(target, layer, streams)
 
 
 def greedy_first_position(target, layer: V4MtpLayer, token_ids: torch.Tensor
