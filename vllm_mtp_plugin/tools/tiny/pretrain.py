@@ -39,7 +39,7 @@ class PretrainSettings(OptimizerSettings):
 
 
 class TargetWithMtp(torch.nn.Module):
-    """The target and one MTP layer; ``losses`` is the training objective."""
+    """The target and one MTP layer; ``logits`` is what the objective (``losses``) reads."""
 
     def __init__(self, config):
         super().__init__()
@@ -68,15 +68,19 @@ class TargetWithMtp(torch.nn.Module):
         return self.mtp(embeds, hidden, position_embeddings=rotary, attention_mask=None,
                         position_ids=positions, past_key_values=None)
 
-    def losses(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``main``: CE of t_{i+1}; ``mtp``: CE of t_{i+2} from the MTP layer."""
+    def logits(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's logits for t_{i+1} (positions 0..T-2) and the MTP layer's for t_{i+2}
+        (positions 0..T-3)."""
         hidden = self.target.model(input_ids=ids).last_hidden_state  # after the final norm
         head = self.target.lm_head
-        main = F.cross_entropy(head(hidden[:, :-1]).flatten(0, 1).float(), ids[:, 1:].flatten())
-        drafted = self.mtp_hidden(hidden[:, :-2], ids[:, 1:-1])
-        mtp = F.cross_entropy(head(drafted).flatten(0, 1).float(), ids[:, 2:].flatten())
-        return {"main": main, "mtp": mtp}
+        return head(hidden[:, :-1]), head(self.mtp_hidden(hidden[:, :-2], ids[:, 1:-1]))
 
+
+def losses(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``main``: CE of t_{i+1}; ``mtp``: CE of t_{i+2} from the MTP layer (``model.logits``)."""
+    main, drafted = model.logits(ids)
+    return {"main": F.cross_entropy(main.flatten(0, 1).float(), ids[:, 1:].flatten()),
+            "mtp": F.cross_entropy(drafted.flatten(0, 1).float(), ids[:, 2:].flatten())}
 
 def windows(tokens: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
     starts = torch.randint(0, tokens.numel() - length - 1, (batch,), generator=gen)
@@ -84,7 +88,7 @@ def windows(tokens: torch.Tensor, batch: int, length: int, gen: torch.Generator)
 
 
 @torch.no_grad()
-def evaluate(model: TargetWithMtp, tokens: torch.Tensor, seq_len: int, max_tokens: int) -> dict:
+def evaluate(model, tokens: torch.Tensor, seq_len: int, max_tokens: int) -> dict:
     """Held-out CE of the target and of the MTP layer, and the MTP layer's top-1 accuracy at
     depth 1, over consecutive windows of ``tokens`` (at most ``max_tokens``)."""
     model.eval()
@@ -92,10 +96,9 @@ def evaluate(model: TargetWithMtp, tokens: torch.Tensor, seq_len: int, max_token
     sums = {"main": 0.0, "mtp": 0.0, "mtp_correct": 0, "mtp_count": 0}
     for i in range(n):
         ids = tokens[i * seq_len:(i + 1) * seq_len].unsqueeze(0)
-        hidden = model.target.model(input_ids=ids).last_hidden_state
-        head = model.target.lm_head
-        sums["main"] += F.cross_entropy(head(hidden[:, :-1])[0].float(), ids[0, 1:]).item()
-        logits = head(model.mtp_hidden(hidden[:, :-2], ids[:, 1:-1]))[0].float()
+        main, drafted = model.logits(ids)
+        sums["main"] += F.cross_entropy(main[0].float(), ids[0, 1:]).item()
+        logits = drafted[0].float()
         sums["mtp"] += F.cross_entropy(logits, ids[0, 2:]).item()
         sums["mtp_correct"] += int((logits.argmax(-1) == ids[0, 2:]).sum())
         sums["mtp_count"] += ids.shape[1] - 2
@@ -105,15 +108,18 @@ def evaluate(model: TargetWithMtp, tokens: torch.Tensor, seq_len: int, max_token
 
 
 def train(config, train_tokens: torch.Tensor, held_out: dict[str, torch.Tensor],
-          settings: PretrainSettings, progress: bool = True) -> tuple[TargetWithMtp, dict]:
-    """Train from scratch; returns the model and the history (losses, evaluations, timings)."""
+          settings: PretrainSettings, progress: bool = True,
+          model_cls=TargetWithMtp) -> tuple[torch.nn.Module, dict]:
+    """Train from scratch; returns the model and the history (losses, evaluations, timings).
+    ``model_cls(config)``: the target with its MTP layer, with ``logits(ids)`` (V3 here, V4 in
+    ``pretrain_v4.py``)."""
     from tqdm import tqdm
 
     # Adam's second moments of rarely used rows (embeddings of rare tokens) decay into denormal
     # floats, which x86 CPUs compute very slowly: training slowed by 60 % after 500 steps here.
     torch.set_flush_denormal(True)
     torch.manual_seed(settings.seed)
-    model = TargetWithMtp(config)
+    model = model_cls(config)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
@@ -127,16 +133,17 @@ def train(config, train_tokens: torch.Tensor, held_out: dict[str, torch.Tensor],
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings, settings.steps)
-        losses = model.losses(windows(train_tokens, settings.batch_size, settings.seq_len, gen))
-        loss = losses["main"] + settings.mtp_weight * losses["mtp"]
+        batch = windows(train_tokens, settings.batch_size, settings.seq_len, gen)
+        step_losses = losses(model, batch)
+        loss = step_losses["main"] + settings.mtp_weight * step_losses["mtp"]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         balancer.step()
         history["step"].append(step)
-        history["main"].append(losses["main"].item())
-        history["mtp"].append(losses["mtp"].item())
+        history["main"].append(step_losses["main"].item())
+        history["mtp"].append(step_losses["mtp"].item())
         bar.set_postfix(main=f"{history['main'][-1]:.2f}", mtp=f"{history['mtp'][-1]:.2f}")
         if (step + 1) % settings.eval_every == 0 or step + 1 == settings.steps:
             row = {"step": step + 1, **{kind: evaluate(model, tokens, settings.seq_len,
