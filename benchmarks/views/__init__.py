@@ -40,6 +40,12 @@ VIEWS: dict[str, View] = {
     **{f"trained-corpus-{kind}": View(partial(model.corpus_characters, kind), (model.RECORD,))
        for kind in ("prose", "code")},
     "trained-tokens-seen": View(model.tokens_seen, (model.RECORD,)),
+    "trained-v4-quality": View(partial(model.quality_table, model.RECORD_V4), (model.RECORD_V4,)),
+    "trained-v4-training-time": View(partial(model.training_time, model.RECORD_V4),
+                                     (model.RECORD_V4,)),
+    "trained-v4-size": View(partial(model.size, model.RECORD_V4), (model.RECORD_V4,)),
+    "trained-v4-acceptance": View(partial(acceptance.trained_acceptance, acceptance.TRAINED_V4),
+                                  (acceptance.TRAINED_V4,)),
     "trained-metrics-exact": View(model.metrics_exact, (model.RECORD,)),
     "trained-acceptance": View(acceptance.trained_acceptance, TRAINED),
     "trained-acceptance-intervals": View(acceptance.trained_intervals, TRAINED),

@@ -14,64 +14,76 @@ KINDS = ("code", "prose", "chat")
 DRAFTS = ("greedy", "probabilistic")
 
 
-def _temperatures() -> list[float]:
-    return sorted({r["temperature"] for r in bench_rows(TRAINED, impl="plugin")})
+TRAINED_V4 = "benchmarks/results/trained-v4/results.json"
 
 
-def _drafts(temperature: float) -> tuple[str, ...]:
+def _temperatures(results: str = TRAINED) -> list[float]:
+    return sorted({r["temperature"] for r in bench_rows(results, impl="plugin")})
+
+
+def _drafts(temperature: float, results: str = TRAINED) -> tuple[str, ...]:
     """The draft methods a temperature's rows show: at T = 0 both draft by argmax (checked in
     ``_same_at_greedy``), so greedy alone."""
-    measured = {r.get("draft_sample_method") for r in bench_rows(TRAINED, temperature=temperature)
+    measured = {r.get("draft_sample_method") for r in bench_rows(results, temperature=temperature)
                 if r["k"]}
     return tuple(d for d in DRAFTS if d in measured and (temperature or d == "greedy"))
 
 
-def trained_row(impl: str, k: int, kind: str, temperature: float, drafts: str = "greedy") -> dict:
-    """One row of the trained run; k = 0 rows have no draft method."""
-    return one_row(TRAINED, impl=impl, k=k, prompts=kind, temperature=temperature,
+def trained_row(impl: str, k: int, kind: str, temperature: float, drafts: str = "greedy",
+                results: str = TRAINED) -> dict:
+    """One row of a trained model's run; k = 0 rows have no draft method."""
+    return one_row(results, impl=impl, k=k, prompts=kind, temperature=temperature,
                    draft_sample_method=drafts if k else None)
 
 
-def _same_counters(k: int, kind: str, temperature: float, drafts: str) -> bool:
-    rows = [trained_row(impl, k, kind, temperature, drafts) for impl in ("plugin", "in-tree")]
+def _same_counters(k: int, kind: str, temperature: float, drafts: str,
+                   results: str = TRAINED) -> bool | None:
+    """Plugin and in-tree rows with the same counters (None: the run has no in-tree rows)."""
+    if not bench_rows(results, impl="in-tree"):
+        return None
+    rows = [trained_row(impl, k, kind, temperature, drafts, results)
+            for impl in ("plugin", "in-tree")]
     return rows[0]["spec_decode"] == rows[1]["spec_decode"]
 
 
-def _same_at_greedy() -> bool | None:
+def _same_at_greedy(results: str = TRAINED) -> bool | None:
     """At T = 0 probabilistic drafts are argmax drafts: the same counters as greedy ones
     (None: no probabilistic rows at T = 0 to compare)."""
-    rows = bench_rows(TRAINED, impl="plugin", temperature=0.0, draft_sample_method="probabilistic")
+    rows = bench_rows(results, impl="plugin", temperature=0.0, draft_sample_method="probabilistic")
     if not rows:
         return None
-    return all(trained_row("plugin", r["k"], r["prompts"], 0.0, "probabilistic")["spec_decode"]
-               == trained_row("plugin", r["k"], r["prompts"], 0.0)["spec_decode"] for r in rows)
+    return all(trained_row("plugin", r["k"], r["prompts"], 0.0, "probabilistic", results)
+               ["spec_decode"] == trained_row("plugin", r["k"], r["prompts"], 0.0, "greedy",
+                                              results)["spec_decode"] for r in rows)
 
 
-def trained_acceptance() -> str:
+def trained_acceptance(results: str = TRAINED) -> str:
     """Per position at k = 1, 2, 3 and the acceptance length, per kind, temperature and draft
     method; drafts counted once."""
-    rows, identical = [], True
-    for temperature in _temperatures():
-        for drafts in _drafts(temperature):
+    rows, same_counters = [], []
+    for temperature in _temperatures(results):
+        for drafts in _drafts(temperature, results):
             for kind in KINDS:
                 cells, lengths, counted = [kind, f"{temperature:g}", drafts], [], []
                 for k in (1, 2, 3):
-                    row = trained_row("plugin", k, kind, temperature, drafts)
+                    row = trained_row("plugin", k, kind, temperature, drafts, results)
                     cells.append(" ".join(rate(p) for p in row["per_position_acceptance"]))
                     lengths.append(rate(row["mean_acceptance_length"]))
                     counted.append(f"{distinct_drafts(row)[0]:.0f}")
-                    identical &= _same_counters(k, kind, temperature, drafts)
+                    same_counters.append(_same_counters(k, kind, temperature, drafts, results))
                 rows.append(cells + [" / ".join(lengths), " / ".join(counted)])
     text = table(["prompts", "T", "draft method", "k = 1", "k = 2", "k = 3",
                   "acceptance length k = 1 / 2 / 3", "drafts k = 1 / 2 / 3"], rows)
-    same = ("vLLM's in-tree class gave the same counters in every row" if identical else
+    same = ("vLLM's in-tree class was not run (on CPU its V4 drafter is a stub)"
+            if None in same_counters else
+            "vLLM's in-tree class gave the same counters in every row" if all(same_counters) else
             "**the in-tree class's counters differ in some rows** (see the results file)")
-    same_at_greedy = _same_at_greedy()
+    same_at_greedy = _same_at_greedy(results)
     greedy = ("" if same_at_greedy is None else
               "; at T = 0 probabilistic drafts gave the greedy rows' counters (both draft by "
               "argmax)" if same_at_greedy else
               "; **at T = 0 probabilistic drafts gave other counters than greedy ones**")
-    return f"{text}\n\nPlugin; {same}{greedy}. {source_line(TRAINED)}"
+    return f"{text}\n\nPlugin; {same}{greedy}. {source_line(results)}"
 
 
 def _interval_cells(drafts: float, accepted: list[float]) -> list[str]:

@@ -6,34 +6,36 @@ from __future__ import annotations
 from .common import load, table
 
 RECORD = "vllm_mtp_plugin/tools/data/trained/training.json"
+RECORD_V4 = "vllm_mtp_plugin/tools/data/trained_v4/training.json"
+REBUILD = {RECORD: "vllm-mtp build-tiny --mode trained --rebuild",
+           RECORD_V4: "vllm-mtp build-tiny --variant v4 --mode trained --rebuild"}
 
 
-def quality_table() -> str:
-    record = load(RECORD)
+def quality_table(path: str = RECORD) -> str:
+    record = load(path)
     rows = [[kind, f"{m['perplexity']:.1f}", f"{m['unigram_perplexity']:.0f}",
              f"{100 * m['mtp_top1_accuracy']:.1f} %"] for kind, m in record["metrics"].items()]
     tokens = {m["tokens"] for m in record["metrics"].values()}
     return (table(["", "perplexity", "unigram perplexity",
                    "MTP top-1 accuracy (token after next)"], rows)
             + f"\n\n{'/'.join(f'{t:,}' for t in sorted(tokens))} held-out tokens per kind. "
-              f"Source: `{RECORD}`, written by `vllm-mtp build-tiny --mode trained --rebuild`; "
-              f"{run_line()}.")
+              f"Source: `{path}`, written by `{REBUILD[path]}`; {run_line(path)}.")
 
 
-def run_line() -> str:
+def run_line(path: str = RECORD) -> str:
     """Where the shipped record came from, or that it does not say."""
     from .common import provenance
 
-    run = load(RECORD).get("run") or {}
+    run = load(path).get("run") or {}
     if not run.get("recorded"):
         return ("the run that trained the shipped weights recorded no commit, date, machine or "
                 "command line (`run` in the record says so; a rebuild records them)")
     return provenance(run)
 
 
-def training_time() -> str:
+def training_time(path: str = RECORD) -> str:
     """"46 minutes": how long the shipped model's training loop ran, as its record says."""
-    return f"{load(RECORD)['history']['seconds'] / 60:.0f} minutes"
+    return f"{load(path)['history']['seconds'] / 60:.0f} minutes"
 
 
 def quality_sentence() -> str:
@@ -49,9 +51,9 @@ def parameters() -> str:
     return f"{load(RECORD)['parameters'] / 1e6:.1f} M"
 
 
-def size() -> str:
+def size(path: str = RECORD) -> str:
     """"8.37 M parameters, 16.7 MB in bf16": the record's parameter count, two bytes each."""
-    count = load(RECORD)["parameters"]
+    count = load(path)["parameters"]
     return f"{count / 1e6:.2f} M parameters, {2 * count / 1e6:.1f} MB in bf16"
 
 

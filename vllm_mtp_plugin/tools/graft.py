@@ -1,8 +1,9 @@
 """``vllm-mtp graft SOURCE TARGET --out DIR``: give a checkpoint the MTP layer(s) of another.
 
-For DeepSeek-V3-layout targets that lost their MTP layers (a quantized or re-exported copy that
-dropped ``model.layers.{num_hidden_layers}.*``) or never had them: the MTP layer of the original
-checkpoint fits the copy unchanged when both have the same architecture. The result is a new
+For targets that lost their MTP layers (a quantized or re-exported copy that dropped
+``model.layers.{num_hidden_layers}.*``, or DeepSeek-V4's ``mtp.{j}.*``) or never had them: the MTP
+layer of the original checkpoint fits the copy unchanged when both have the same architecture and
+store it the same way (unquantized, or FP8 blocks / V4-Flash FP4 experts with the same scales). The result is a new
 directory: the target's files linked (or copied) untouched, the grafted layer(s) in shards of their
 own, the shard index and ``num_nextn_predict_layers`` updated. Nothing of the target is rewritten,
 and the output is checked with the plugin's start-up check before the command reports success.
@@ -25,14 +26,23 @@ from .checkpoint.target import TargetCheckpoint, TargetCheckpointError
 # Config fields that decide the MTP layer's tensor shapes, its position and its router: SOURCE and
 # TARGET must agree on all of them (absent on both sides counts as agreeing).
 ARCHITECTURE_FIELDS = (
-    "hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "q_lora_rank",
-    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
-    "n_shared_experts", "moe_intermediate_size", "intermediate_size", "num_experts_per_tok",
-    "n_group", "topk_group", "topk_method", "scoring_func", "norm_topk_prob",
-    "routed_scaling_factor",
+    "model_type", "hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
+    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "n_routed_experts", "n_shared_experts", "moe_intermediate_size", "intermediate_size",
+    "num_experts_per_tok", "n_group", "topk_group", "topk_method", "scoring_func",
+    "norm_topk_prob", "routed_scaling_factor",
+    # DeepSeek-V4: attention, hyper-connections, the MTP block's attention kind, expert storage
+    "head_dim", "o_groups", "o_lora_rank", "hc_mult", "hc_sinkhorn_iters", "hc_eps",
+    "sliding_window", "index_n_heads", "index_head_dim", "index_topk", "compress_ratios",
+    "swiglu_limit", "expert_dtype",
 )
-# Quantization fields that decide how the layer's tensors are stored (FP8 blocks and their scales).
-QUANTIZATION_FIELDS = ("quant_method", "fmt", "weight_block_size", "activation_scheme")
+# Quantization fields that decide how the layer's tensors are stored (FP8 blocks and their scales;
+# V4-Flash: UE8M0 scales).
+QUANTIZATION_FIELDS = ("quant_method", "fmt", "weight_block_size", "activation_scheme",
+                       "scale_fmt")
+# DeepSeek-V4 stores these in float32 whatever the checkpoint's dtype (hyper-connection mixers,
+# attention sinks, router biases): a graft keeps them so.
+V4_FLOAT32 = ("hc_", "attn_sink", "gate.bias")
 FLOAT_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
@@ -47,12 +57,12 @@ def open_checkpoint(model_dir: Path, role: str) -> TargetCheckpoint:
     except TargetCheckpointError as exc:
         raise GraftError(f"{role} {exc}") from None
     config = checkpoint.config
-    if config.get("model_type") not in LAYER_DESCRIPTIONS or config.get("model_type") == "deepseek_v4":
+    if config.get("model_type") not in LAYER_DESCRIPTIONS:
         raise GraftError(
             f"{checkpoint.config_path}: model_type {config.get('model_type')!r} is not a "
-            "DeepSeek-V3-layout model (deepseek_v3, deepseek_v32); graft copies "
-            "model.layers.{num_hidden_layers + j}.* between such checkpoints (DeepSeek-V4's "
-            "mtp.{j}.* is not supported yet).")
+            f"DeepSeek model with MTP layers ({', '.join(sorted(LAYER_DESCRIPTIONS))}); graft "
+            "copies model.layers.{num_hidden_layers + j}.* (V3 layout) or mtp.{j}.* (V4) "
+            "between such checkpoints.")
     if checkpoint.file_problems:
         raise GraftError("\n".join(checkpoint.file_problems))
     return checkpoint
@@ -107,10 +117,10 @@ def plan(source_dir: Path, target_dir: Path
 
 
 def _write_layer_shards(source_dir: Path, wanted: dict[str, dict], out: Path,
-                        dtype: str | None) -> dict[str, str]:
+                        dtype: str | None, v4: bool = False) -> dict[str, str]:
     """Copy ``wanted`` from SOURCE, one output shard per source shard; returns name -> shard.
-    Unquantized floating tensors take the target's dtype (``dtype``), everything else is copied
-    as stored (FP8 weights with their scales)."""
+    Unquantized floating tensors take the target's dtype (``dtype``; with ``v4``, not those V4
+    keeps in float32), everything else is copied as stored (FP8/FP4 weights with their scales)."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -126,7 +136,9 @@ def _write_layer_shards(source_dir: Path, wanted: dict[str, dict], out: Path,
         with safe_open(str(source_dir / file), framework="pt") as f:
             for name in names:
                 t = f.get_tensor(name)
-                if cast is not None and t.dtype in (torch.float32, torch.bfloat16, torch.float16):
+                float32_kind = v4 and any(part in name for part in V4_FLOAT32)
+                if (cast is not None and not float32_kind
+                        and t.dtype in (torch.float32, torch.bfloat16, torch.float16)):
                     t = t.to(cast)
                 tensors[name] = t.contiguous()
         save_file(tensors, str(out / shard), metadata={"format": "pt"})
@@ -146,7 +158,8 @@ def graft(source_dir: str | Path, target_dir: str | Path, out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     quantized = bool(_quantization(target.config))
     dtype = None if quantized else (target.config.get("torch_dtype") or target.config.get("dtype"))
-    layer_map = _write_layer_shards(source_dir, wanted, out, dtype)
+    layer_map = _write_layer_shards(source_dir, wanted, out, dtype,
+                                    v4=target.config.get("model_type") == "deepseek_v4")
     layers = int(source.config["num_nextn_predict_layers"])
     try:
         assemble(target, out, layer_map, layers, copy)
@@ -160,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="vllm-mtp graft", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter,
         epilog=examples("vllm-mtp graft /models/DeepSeek-R1 /models/DeepSeek-R1-quantized "
-                        "--out /models/DeepSeek-R1-quantized-mtp"))
+                        "--out /models/DeepSeek-R1-quantized-mtp",
+                        "vllm-mtp graft /models/DeepSeek-V4-Flash /models/V4-Flash-no-mtp "
+                        "--out /models/V4-Flash-mtp"))
     p.add_argument("source", help="checkpoint directory whose MTP layer(s) to take")
     p.add_argument("target", help="checkpoint directory without MTP layers (same architecture)")
     p.add_argument("--out", required=True, metavar="DIR", help="new directory for the result")

@@ -30,6 +30,7 @@ from support.hardware import needs_v4_target
 
 from vllm_mtp_plugin.tools.engine.mrv2 import harness_env
 from vllm_mtp_plugin.tools.mtp_layer import transformers_v4_layer as v4
+from vllm_mtp_plugin.tools.tiny import trained_v4
 
 pytestmark = [pytest.mark.engine, needs_v4_target()]  # engine: starts vLLM (conftest.py)
 pytest.importorskip("transformers.models.deepseek_v4")
@@ -37,13 +38,15 @@ pytest.importorskip("transformers.models.deepseek_v4")
 PROMPTS, PROMPT_LEN, MAX_TOKENS = 4, 20, 16
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """Run the child; returns (model dir, prefill call, draft rows, generated)."""
+@pytest.fixture(scope="module", params=["random", "trained"])
+def served(request, tmp_path_factory):
+    """Run the child on the random tiny V4 or the trained one; returns (model dir, prefill call,
+    draft rows, generated)."""
     from safetensors.torch import load_file
 
-    model = tiny_v4_checkpoint("random", quantization=None)
     out = tmp_path_factory.mktemp("v4-served")
+    model = (tiny_v4_checkpoint("random", quantization=None) if request.param == "random"
+             else trained_v4.write_checkpoint(out / "trained"))
     generator = torch.Generator().manual_seed(3)
     prompts = torch.randint(2, 2048, (PROMPTS, PROMPT_LEN), generator=generator).tolist()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
