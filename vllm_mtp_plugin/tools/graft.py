@@ -21,6 +21,7 @@ from ..weights.layers import LAYER_DESCRIPTIONS
 from .cli_help import HelpFormatter, examples
 from ..weights.preflight import tensor_problems
 from .checkpoint.files import CheckpointWriteError, assemble
+from .checkpoint.quantize import v4_keeps_float32
 from .checkpoint.target import TargetCheckpoint, TargetCheckpointError
 
 # Config fields that decide the MTP layer's tensor shapes, its position and its router: SOURCE and
@@ -40,9 +41,7 @@ ARCHITECTURE_FIELDS = (
 # V4-Flash: UE8M0 scales).
 QUANTIZATION_FIELDS = ("quant_method", "fmt", "weight_block_size", "activation_scheme",
                        "scale_fmt")
-# DeepSeek-V4 stores these in float32 whatever the checkpoint's dtype (hyper-connection mixers,
-# attention sinks, router biases): a graft keeps them so.
-V4_FLOAT32 = ("hc_", "attn_sink", "gate.bias")
+
 FLOAT_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
@@ -136,7 +135,8 @@ def _write_layer_shards(source_dir: Path, wanted: dict[str, dict], out: Path,
         with safe_open(str(source_dir / file), framework="pt") as f:
             for name in names:
                 t = f.get_tensor(name)
-                float32_kind = v4 and any(part in name for part in V4_FLOAT32)
+                # DeepSeek-V4 keeps its mixers, sinks and router biases float32 in any checkpoint
+                float32_kind = v4 and v4_keeps_float32(name)
                 if (cast is not None and not float32_kind
                         and t.dtype in (torch.float32, torch.bfloat16, torch.float16)):
                     t = t.to(cast)

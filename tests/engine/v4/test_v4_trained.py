@@ -115,3 +115,16 @@ def test_drafts_are_measured_and_greedy_output_is_unchanged(model_dir, k):
     assert 0.2 < per_position[0] < 0.95, per_position  # measured, not built in
     if k == 3:  # one layer reused on its own output: later positions are accepted less often
         assert per_position[2] < per_position[0]
+
+
+def test_grafted_layer_is_served_as_the_original(model_dir, tmp_path):
+    """The target without its layer (as a quantizer's export leaves it) + ``vllm-mtp graft``: the
+    same tokens and counters as the original checkpoint."""
+    from vllm_mtp_plugin.tools.graft import graft
+
+    bare = trained_v4.write_checkpoint(tmp_path / "bare", mtp_layers=0)
+    grafted = graft(model_dir, bare, tmp_path / "grafted")["out"]
+    original, result = run(model_dir, 1), run(grafted, 1)
+    assert result["drafter"]["class"] == OURS
+    assert result["token_ids"] == original["token_ids"]
+    assert result["spec_decode"] == original["spec_decode"]

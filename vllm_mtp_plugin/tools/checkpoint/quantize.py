@@ -69,3 +69,30 @@ def dequantize_fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     codes = torch.stack([raw & 0xF, raw >> 4], dim=-1).flatten(-2)
     values = FP4_VALUES[codes & 0x7] * torch.where(codes >= 8, -1.0, 1.0)
     return (values.view(*codes.shape[:-1], -1, FP4_GROUP) * scale.float()[..., None]).flatten(-2)
+
+
+# What a DeepSeek-V4 tensor is, for how it is stored: a quantizable linear, a routed expert's
+# projection (FP4 in V4-Flash), or anything else (stored as it is).
+LINEAR, EXPERT, PLAIN = "linear", "expert", "plain"
+
+
+def v4_keeps_float32(name: str) -> bool:
+    """Tensors DeepSeek keeps in float32: hyper-connection mixers, attention sinks, gate bias."""
+    return ".hc_" in f".{name}" or name.endswith(("attn_sink", "gate.bias"))
+
+
+def encode_v4(tensors: dict, quantization: str | None, expert_dtype: str
+              ) -> dict[str, torch.Tensor]:
+    """Store each tensor as DeepSeek does: FP8/FP4 + ``.scale`` or bf16/float32."""
+    out: dict[str, torch.Tensor] = {}
+    e8m0 = expert_dtype == "fp4"
+    for name, (value, kind) in tensors.items():
+        stem = name.removesuffix(".weight")
+        if quantization == "fp8" and kind == EXPERT and expert_dtype == "fp4":
+            out[name], out[f"{stem}.scale"] = quantize_fp4(value)
+        elif quantization == "fp8" and kind in (LINEAR, EXPERT):
+            out[name], out[f"{stem}.scale"] = quantize_fp8_blocks(value, pow2=e8m0)
+        else:
+            dtype = torch.float32 if v4_keeps_float32(name) else torch.bfloat16
+            out[name] = value.to(dtype).contiguous()
+    return out

@@ -23,6 +23,7 @@ head some exports store (``emb.tok_emb``, ``head``) are the target's and are ski
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 from pathlib import Path
@@ -107,26 +108,51 @@ class V4MtpLayer(nn.Module):
         return self.norm(self.hc_head(streams))
 
 
+@functools.cache
+def _v4_rules() -> tuple[list, list]:
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming
+
+    rules = get_checkpoint_conversion_mapping("deepseek_v4")
+    return ([r for r in rules if isinstance(r, WeightRenaming)],
+            [r for r in rules if isinstance(r, WeightConverter)])
+
+
+def transformers_name(name: str) -> str:
+    """The module name transformers loads DeepSeek's V4 tensor ``name`` into (its own V4 rules,
+    ``conversion_mapping.py``; a routed expert's names its fused ``gate_up_proj``/``down_proj``)."""
+    from transformers.core_model_loading import rename_source_key
+
+    return rename_source_key(name, *_v4_rules())[0]
+
+
+def unfused(value: torch.Tensor, name: str, intermediate: int) -> torch.Tensor:
+    """The checkpoint tensor ``name`` read from the module tensor ``value`` it loads into: a routed
+    expert's ``w1``/``w3``/``w2`` sliced from transformers' fused ``[E, 2I, H]`` / ``[E, H, I]``
+    (gate before up, as ``transformers_layer.fused_experts`` stacks them); others as they are."""
+    match = EXPERT.search(name)
+    if match is None:
+        return value
+    fused = value[int(match.group(1))]
+    return {"w1": fused[:intermediate], "w3": fused[intermediate:], "w2": fused}[match.group(2)]
+
+
+def block_module_name(name: str, layer_index: int) -> str:
+    """``V4MtpLayer``'s name for a block tensor (``name`` below ``mtp.{j}.``), renamed as
+    ``layers.{layer_index}.<name>`` would be."""
+    renamed = transformers_name(f"layers.{layer_index}.{name}")
+    # "model.layers.{i}.<module name>" (or without "model."): the part below the layer
+    return "block." + renamed.split(f"layers.{layer_index}.", 1)[1]
+
+
 def to_module_state(tensors: dict[str, torch.Tensor], layer_index: int, num_experts: int
                     ) -> dict[str, torch.Tensor]:
     """Tensors of one MTP layer (names below ``mtp.{j}.``) -> ``V4MtpLayer`` state."""
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-    from transformers.core_model_loading import (
-        WeightConverter,
-        WeightRenaming,
-        rename_source_key,
-    )
-
     from .transformers_layer import fused_experts, sort_layer_tensors
 
-    rules = get_checkpoint_conversion_mapping("deepseek_v4")
-    renamings = [r for r in rules if isinstance(r, WeightRenaming)]
-    converters = [r for r in rules if isinstance(r, WeightConverter)]
     state, experts, block = sort_layer_tensors(tensors, TARGET_COPIES, OWN_TENSORS, EXPERT)
     for name, tensor in block.items():
-        renamed, _ = rename_source_key(f"layers.{layer_index}.{name}", renamings, converters)
-        # "model.layers.{i}.<module name>" (or without "model."): the part below the layer
-        state["block." + renamed.split(f"layers.{layer_index}.", 1)[1]] = tensor
+        state[block_module_name(name, layer_index)] = tensor
     state["block.mlp.experts.gate_up_proj"], state["block.mlp.experts.down_proj"] = \
         fused_experts(experts, num_experts, ("w1", "w3", "w2"), "ffn.experts.{}.{}.weight")
     return state
@@ -237,3 +263,28 @@ def greedy_first_position(target, layer: V4MtpLayer, token_ids: torch.Tensor
     greedy = target_logits.argmax(-1)
     accepted = (drafts[:, 1:] == greedy[:, 2:])
     return int(accepted.sum()), accepted.numel()
+
+
+def layer_tensors(layer, config: dict) -> dict[str, tuple[torch.Tensor, str]]:
+    """``{mtp.0.name: (float32 tensor, kind)}``: every tensor the V4 description requires of
+    layer 0 (and the router bias), read from ``layer``'s modules through transformers' V4
+    renaming; kinds as ``checkpoint/quantize.encode_v4`` stores them."""
+    from ...weights.layers import LAYER_DESCRIPTIONS
+    from ..checkpoint.quantize import EXPERT, LINEAR, PLAIN
+
+    layout = LAYER_DESCRIPTIONS["deepseek_v4"].layout(config)
+    state = layer.state_dict()
+    n, inter = int(config["num_hidden_layers"]), int(config["moe_intermediate_size"])
+    prefix = layout.prefix(0)
+    wanted = layout.required(0)
+    if "block.mlp.gate.e_score_correction_bias" in state:
+        wanted.append((prefix + "ffn.gate.bias", None))
+    out = {}
+    for name, description in wanted:
+        below = name.removeprefix(prefix)
+        module = OWN_TENSORS.get(below) or block_module_name(below, n)
+        value = unfused(state[module], below, inter)
+        kind = PLAIN if description is None or not description.quantizable else (
+            EXPERT if description.per_expert else LINEAR)
+        out[name] = (value.detach().float(), kind)
+    return out

@@ -62,54 +62,24 @@ class TargetWithV4Mtp(torch.nn.Module):
         return main[:, :-1], reference.streams_logits(self.target, self.mtp, streams)
 
 
-def _transformers_name(name: str, renamings, converters) -> str:
-    from transformers.core_model_loading import rename_source_key
-
-    return rename_source_key(name, renamings, converters)[0]
-
-
 def checkpoint_tensors(model: TargetWithV4Mtp) -> dict[str, tuple[torch.Tensor, str]]:
     """``{DeepSeek name: (float32 tensor, kind)}`` of the trained model: every name of the tiny V4
     layout (``v4.build_tensors``), its value read from the module that transformers' V4 renaming
-    loads it into (experts split from transformers' fused ``gate_up_proj``/``down_proj``)."""
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming
-
-    rules = get_checkpoint_conversion_mapping("deepseek_v4")
-    renamings = [r for r in rules if isinstance(r, WeightRenaming)]
-    converters = [r for r in rules if isinstance(r, WeightConverter)]
+    loads it into (experts sliced from transformers' fused tensors)."""
     target = {("" if k.startswith("lm_head.") else "model.") + k.removeprefix("model."): v
               for k, v in model.target.state_dict().items()}
-    layer = model.mtp.state_dict()
-    own = {checkpoint: module for checkpoint, module in reference.OWN_TENSORS.items()}
-    n, inter = ARCH.num_hidden_layers, ARCH.moe_intermediate_size
+    out = reference.layer_tensors(model.mtp, config_json())
     layout, _ = build_tensors(ARCH, "random", 0)
-    out = {}
     for name, (_, kind) in layout.items():
-        if name.startswith("mtp.0."):
-            below = name.removeprefix("mtp.0.")
-            if below in own:
-                value = layer[own[below]]
-            else:
-                renamed = _transformers_name(f"layers.{n}.{below}", renamings, converters)
-                value = _expert_or_tensor(layer, "block." + renamed.split(f"layers.{n}.", 1)[1],
-                                          name, inter)
-        else:
-            renamed = _transformers_name(name, renamings, converters)
+        if not name.startswith("mtp."):
+            renamed = reference.transformers_name(name)
             key = renamed if renamed.startswith("lm_head.") else "model." + renamed
-            value = _expert_or_tensor(target, key, name, inter)
-        out[name] = (value.detach().float(), kind)
+            value = reference.unfused(target[key], name, ARCH.moe_intermediate_size)
+            out[name] = (value.detach().float(), kind)
+    if set(out) != set(layout):
+        raise KeyError(f"the trained model's tensors differ from the tiny V4 layout: "
+                       f"{sorted(set(out) ^ set(layout))[:5]}")
     return out
-
-
-def _expert_or_tensor(state: dict, key: str, name: str, inter: int) -> torch.Tensor:
-    """``state[key]``, or for an expert's ``w1``/``w3``/``w2`` its slice of the fused tensor."""
-    match = reference.EXPERT.search(name)
-    if match is None:
-        return state[key]
-    expert, part = int(match.group(1)), match.group(2)
-    fused = state[key][expert]
-    return {"w1": fused[:inter], "w3": fused[inter:], "w2": fused}[part]
 
 
 def save_checkpoint(model: TargetWithV4Mtp, out_dir: Path) -> Path:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.quantize import FP8_BLOCK, quantize_fp4, quantize_fp8_blocks
+from ..checkpoint.quantize import EXPERT, FP8_BLOCK, LINEAR, PLAIN, encode_v4 as encode
 from . import CONSTRUCTED_MODES
 from .tokenizer import write_tokenizer
 from .v3 import calibrate_noise, first_position_acceptance, oracle_embedding_and_head
@@ -148,7 +148,6 @@ class _Init:
         return 0.5 + torch.rand(*shape, generator=self.gen)
 
 
-LINEAR, EXPERT, PLAIN = "linear", "expert", "plain"
 
 
 def block_tensors(arch: TinyV4Arch, p: str, init: _Init, residual_std: float) -> dict:
@@ -282,26 +281,6 @@ def build_tensors(arch: TinyV4Arch, mode: str, seed: int, *, acceptance: float =
                 t[f"{p}.emb.tok_emb.weight"] = (embed.clone(), PLAIN)
                 t[f"{p}.head.weight"] = (head.clone(), PLAIN)
     return t, meta
-
-
-def _is_fp32(name: str) -> bool:
-    """Tensors DeepSeek keeps in float32: hyper-connection mixers, attention sinks, gate bias."""
-    return ".hc_" in f".{name}" or name.endswith(("attn_sink", "gate.bias"))
-
-
-def encode(tensors: dict, quantization: str | None, expert_dtype: str) -> dict[str, torch.Tensor]:
-    """Store each tensor as DeepSeek does: FP8/FP4 + ``.scale`` or bf16/float32."""
-    out: dict[str, torch.Tensor] = {}
-    e8m0 = expert_dtype == "fp4"
-    for name, (value, kind) in tensors.items():
-        stem = name.removesuffix(".weight")
-        if quantization == "fp8" and kind == EXPERT and expert_dtype == "fp4":
-            out[name], out[f"{stem}.scale"] = quantize_fp4(value)
-        elif quantization == "fp8" and kind in (LINEAR, EXPERT):
-            out[name], out[f"{stem}.scale"] = quantize_fp8_blocks(value, pow2=e8m0)
-        else:
-            out[name] = value.to(torch.float32 if _is_fp32(name) else torch.bfloat16).contiguous()
-    return out
 
 
 def build_checkpoint(out_dir: str | Path, mode: str = "oracle", seed: int = 0,

@@ -60,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
             "vllm-mtp train /models/DeepSeek-V3 --out /models/DeepSeek-V3-mtp --nproc 8 "
             "--sharding fsdp  # through torchrun"))
     p.add_argument("target", help="DeepSeek-V3-layout checkpoint directory (with or without MTP "
-                                  "layers; unquantized or block-FP8)")
+                                  "layers; unquantized or block-FP8), or a bf16 DeepSeek-V4 one "
+                                  "(docs/training.md: what V4 takes)")
     p.add_argument("--out", metavar="DIR",
                    help="new (or empty) directory for the servable result; required except with "
                         "--memory-plan")
@@ -213,6 +214,19 @@ def _train(args, settings: TrainSettings, work: Path) -> None:
                          f"resume from {work}.")
 
 
+def _prompts_path(args) -> Path:
+    return Path(args.prompts) if args.prompts else Path(str(
+        resources.files("vllm_mtp_plugin.tools").joinpath(DEFAULT_PROMPTS)))
+
+
+def _model_type(model_dir: Path) -> str | None:
+    """config.json's model_type, or None where it cannot be read (``open_target`` says why)."""
+    try:
+        return json.loads((model_dir / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -228,6 +242,15 @@ def _run(args) -> int:
     from .run import history, trained_layers
     from .trainer import plot
 
+    if _model_type(Path(args.target)) == "deepseek_v4":
+        from .v4 import run_v4
+
+        if not args.out:
+            raise TrainInputError("--out DIR is required (a new directory for the result).")
+        if Path(args.out).exists() and any(Path(args.out).iterdir()):
+            raise TrainInputError(f"--out {args.out} exists and is not empty; give a new "
+                                  "directory.")
+        return run_v4(args, _prompts_path(args))
     target = open_target(args.target)
     groups = tuple(args.train_only.split(",")) if args.train_only else None
     unknown = [g for g in groups or () if g not in PARAMETER_GROUPS]
@@ -246,8 +269,7 @@ def _run(args) -> int:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise TrainInputError(f"--out {out} exists and is not empty; give a new directory.")
-    prompts = Path(args.prompts) if args.prompts else Path(str(
-        resources.files("vllm_mtp_plugin.tools").joinpath(DEFAULT_PROMPTS)))
+    prompts = _prompts_path(args)
     if args.data:
         sequences, tokens = _recorded(args, target)
     else:

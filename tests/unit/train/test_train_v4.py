@@ -1,0 +1,74 @@
+"""``vllm-mtp train`` on DeepSeek-V4 targets (``tools/train/v4.py``): the layer's export is the
+checkpoint's own tensors when nothing was trained, a short run writes a servable checkpoint with its
+record, and what V4 does not take yet is refused by name. That a trained layer is accepted as
+often as a jointly trained one, served by vLLM, is ``benchmarks/train_proofs.py v4``'s."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vllm_mtp_plugin.tools.mtp_layer import transformers_v4_layer as reference
+from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint, encode
+from vllm_mtp_plugin.tools.train import cli
+
+pytest.importorskip("transformers.models.deepseek_v4")
+
+
+@pytest.fixture(scope="module")
+def noisy(tmp_path_factory):
+    return build_checkpoint(tmp_path_factory.mktemp("v4") / "noisy", "noisy", quantization=None)
+
+
+def test_an_untrained_layer_exports_the_checkpoints_own_tensors(noisy):
+    config = json.loads((noisy / "config.json").read_text())
+    _, layer = reference.load_reference(noisy, 0, torch.float32)
+    exported = encode(reference.layer_tensors(layer, config), None, config["expert_dtype"])
+    stored = {k: v for k, v in load_file(str(noisy / "model.safetensors")).items()
+              if k.startswith("mtp.0.")}
+    assert set(exported) == set(stored)
+    for name, tensor in stored.items():
+        assert exported[name].dtype == tensor.dtype, name
+        assert torch.equal(exported[name], tensor), name
+
+
+def test_a_short_run_writes_a_servable_checkpoint(noisy, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"prompt number {i} reads\n" for i in range(12)))
+    out = tmp_path / "out"
+    code = cli.main([str(noisy), "--out", str(out), "--prompts", str(prompts), "--steps", "3",
+                     "--samples-per-prompt", "1", "--max-new-tokens", "8", "--batch-size", "4",
+                     "--init", "scratch", "--quiet"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "init scratch" in printed and "held-out agreement" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 1 and config["model_type"] == "deepseek_v4"
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    layer_names = {n for n, shard in index.items() if shard == "mtp-00001-of-00001.safetensors"}
+    assert layer_names == {n for n in index if n.startswith("mtp.")} and layer_names
+    old = load_file(str(noisy / "model.safetensors"))
+    new = load_file(str(out / "mtp-00001-of-00001.safetensors"))
+    assert not torch.equal(new["mtp.0.e_proj.weight"], old["mtp.0.e_proj.weight"])  # trained
+    assert new["mtp.0.hc_head_fn"].dtype == torch.float32
+    record = json.loads((out / "training" / "training.json").read_text())
+    assert record["variant"] == "v4" and record["history"]["sequences"] == {"train": 11,
+                                                                            "held_out": 1}
+    target, layer = reference.load_reference(out, 0, torch.float32)  # read back as served
+    assert layer.e_proj.weight.shape == (256, 256)
+
+
+def test_what_v4_does_not_take_yet_is_refused_by_name(noisy, tmp_path, capsys):
+    fp8 = build_checkpoint(tmp_path / "fp8", "noisy")
+    bare = build_checkpoint(tmp_path / "bare", "noisy", quantization=None, without_mtp=True)
+    cases = [
+        ([str(noisy), "--data", str(tmp_path)], "--data: not available for DeepSeek-V4"),
+        ([str(noisy), "--depth", "2"], "--depth 2: not available for DeepSeek-V4"),
+        ([str(noisy), "--init", "last-layer"], "--init last-layer: not available"),
+        ([str(fp8)], "a quantized DeepSeek-V4 checkpoint"),
+        ([str(bare), "--init", "checkpoint"], "has no mtp.0.* tensors"),
+    ]
+    for i, (argv, message) in enumerate(cases):
+        assert cli.main([*argv, "--out", str(tmp_path / f"out{i}"), "--quiet"]) == 2
+        assert message in capsys.readouterr().out
