@@ -41,8 +41,6 @@ VIEWS: dict[str, View] = {
        for kind in ("prose", "code")},
     "trained-tokens-seen": View(model.tokens_seen, (model.RECORD,)),
     "trained-v4-quality": View(partial(model.quality_table, model.RECORD_V4), (model.RECORD_V4,)),
-    "trained-v4-training-time": View(partial(model.training_time, model.RECORD_V4),
-                                     (model.RECORD_V4,)),
     "trained-v4-size": View(partial(model.size, model.RECORD_V4), (model.RECORD_V4,)),
     "trained-v4-acceptance": View(partial(acceptance.trained_acceptance, acceptance.TRAINED_V4),
                                   (acceptance.TRAINED_V4,)),

@@ -1,7 +1,7 @@
 """The V4 MTP layer outside vLLM (``tools/mtp_layer/transformers_v4_layer.py``: transformers' V4
 target and a layer of its V4 modules) against what vLLM serves, on the same tokens.
 
-vLLM serves a bf16 random tiny V4 checkpoint with our drafter (k = 1, greedy; V1 runner, the test
+vLLM serves a bf16 tiny V4 checkpoint with our drafter (k = 1, greedy; V1 runner, the test
 harness running V4's Triton metadata kernels) while the plugin's recording writes what the drafter
 received and returned, and the drafter's ``compute_logits`` is caught (``support/
 v4_drafter_record.py``). The reference, in float32 on the same bf16 weights, must compute the same:
@@ -12,9 +12,11 @@ v4_drafter_record.py``). The reference, in float32 on the same bf16 weights, mus
 
 Each comparison must be able to fail: the states one position off, ``enorm``/``hnorm`` swapped, the
 target's ``hc_head`` in the layer's place. Bounds are about twice what was measured on a 2-core
-AMD EPYC with AVX512-BF16 (in the assertions' comments); the random checkpoint's streams are nearly
-parallel (cosine ~0.999: hyper-connections mix them towards each other), so a foreign ``hc_head``
-moves the logits by a few times bf16's rounding only, and that comparison uses the median.
+AMD EPYC with AVX512-BF16 (in the assertions' comments), for both checkpoints: the random tiny V4
+and the trained one (``tools/tiny/trained_v4.py``). The random checkpoint's streams are nearly
+parallel (cosine ~0.999: hyper-connections mix them towards each other), so there a foreign
+``hc_head`` moves the logits by a few times bf16's rounding only; the trained model's differ, and a
+foreign ``hc_head`` changes a quarter of its drafts.
 """
 
 import json
@@ -93,11 +95,18 @@ def test_served_input_is_the_reference_targets_residual_before_hc_head(served, r
             target(torch.tensor([prompt]), use_cache=False)
         ours, theirs = caught["hidden"][0], prompt_rows(prefill, "hidden_states", i)
         error = per_position_error(ours, theirs)
-        # measured: median 3.4-4.5 %, largest 5.5 % (bf16 engine against float32 on bf16 weights,
-        # through two random hyper-connected blocks)
-        assert error.median() < 0.08 and error.max() < 0.12, error
+        # bf16 engine against float32 on bf16 weights, through two hyper-connected blocks
+        # (measured on a 2-core AMD EPYC, per prompt): random checkpoint, median 3.4-4.5 %, 80th
+        # percentile 3.7-5.0 %, one position off 59-69 %; trained, median 3.2-7.1 %, 80th
+        # percentile 5.1-15 %, one position off 95-101 %. Where two experts' router scores nearly
+        # tie, rounding picks the other expert for that token (transformers alone, float32 against
+        # bf16, moves some positions by 13-18 % too). A wrong state is off everywhere.
         off_by_one = per_position_error(ours[1:], theirs[:-1])
-        assert off_by_one.median() > 5 * error.median(), (off_by_one, error)
+        summary = {"median": round(error.median().item(), 4),
+                   "quantiles 0.8, 0.9": error.quantile(torch.tensor([0.8, 0.9])).tolist(),
+                   "off by one": round(off_by_one.median().item(), 4)}
+        assert error.median() < 0.15 and error.quantile(0.8) < 0.3, summary
+        assert off_by_one.median() > 4 * error.median(), summary
 
 
 def layer_on_served_inputs(reference, prefill: dict, i: int) -> torch.Tensor:
@@ -115,8 +124,12 @@ def test_reference_layer_computes_the_served_layer(served, reference):
     _, layer = reference
     errors = [per_position_error(layer_on_served_inputs(reference, prefill, i),
                                  prompt_rows(prefill, "output", i)) for i in range(PROMPTS)]
-    # measured: median 0.6-0.7 %, largest 1.1 %
-    assert all(e.median() < 0.015 and e.max() < 0.03 for e in errors), errors
+    summary = [(round(e.median().item(), 4), round(e.quantile(0.9).item(), 4), round(e.max().item(), 4))
+               for e in errors]
+    # measured per prompt (median, 90th percentile, largest): random 0.6-0.7 %, 0.8-0.9 %, 1.1 %;
+    # trained 0.4 %, 0.5-0.7 %, up to 3.9 % at one position; enorm/hnorm swapped: 40 % and 21 %
+    assert all(e.median() < 0.015 for e in errors), summary
+    assert all((e < 0.03).float().mean() >= 0.9 for e in errors), summary
     with torch.no_grad():
         layer.enorm.weight, layer.hnorm.weight = layer.hnorm.weight, layer.enorm.weight
     try:
@@ -145,8 +158,9 @@ def test_reference_head_computes_the_served_draft_logits(served, reference):
         finally:
             layer.hc_head = own_hc_head
     error, foreign_error = (per_position_error(x, served_logits) for x in (ours, foreign))
-    # measured: 0.2-0.4 % per row (the served logits' bf16 rounding); the target's hc_head: median
-    # 0.9-1.4 %, one draft of 64 changed
+    # measured: 0.2-0.3 % per row (the served logits' bf16 rounding), the same top-1 on every row;
+    # the target's hc_head: random checkpoint, median 1.4 %, 1 draft of 64 changed; trained, 20 %,
+    # 11 of 42 changed (its streams differ; the random checkpoint's are nearly parallel)
     assert error.max() < 0.008, error
     assert (ours.argmax(-1) == served_logits.argmax(-1)).float().mean() >= 0.95
     assert foreign_error.median() > 3 * error.median(), (foreign_error, error)
