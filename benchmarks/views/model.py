@@ -8,7 +8,8 @@ from .common import load, table
 RECORD = "vllm_mtp_plugin/tools/data/trained/training.json"
 RECORD_V4 = "vllm_mtp_plugin/tools/data/trained_v4/training.json"
 REBUILD = {RECORD: "vllm-mtp build-tiny --mode trained --rebuild",
-           RECORD_V4: "vllm-mtp build-tiny --variant v4 --mode trained --rebuild"}
+           RECORD_V4: "trained_v4.rebuild` (what `vllm-mtp build-tiny --variant v4 --mode trained "
+                      "--rebuild` runs)"}
 
 
 def quality_table(path: str = RECORD) -> str:
