@@ -32,7 +32,11 @@ ARCHITECTURE_FIELDS = (
     "n_routed_experts", "n_shared_experts", "moe_intermediate_size", "intermediate_size",
     "num_experts_per_tok", "n_group", "topk_group", "topk_method", "scoring_func",
     "norm_topk_prob", "routed_scaling_factor",
-    # DeepSeek-V4: attention, hyper-connections, the MTP block's attention kind, expert storage
+)
+# DeepSeek-V4's as well: attention, hyper-connections, the MTP block's attention kind, expert
+# storage. Compared for V4 only: transformers writes ``head_dim`` into a V3 config it saves, where
+# the original has none, and the layer fits all the same.
+V4_ARCHITECTURE_FIELDS = (
     "head_dim", "o_groups", "o_lora_rank", "hc_mult", "hc_sinkhorn_iters", "hc_eps",
     "sliding_window", "index_n_heads", "index_head_dim", "index_topk", "compress_ratios",
     "swiglu_limit", "expert_dtype",
@@ -74,8 +78,10 @@ def _quantization(config: dict) -> dict:
 
 def incompatibilities(source: dict, target: dict) -> list[str]:
     """Every field on which the two configs disagree, as ``field: SOURCE x, TARGET y``."""
+    v4 = "deepseek_v4" in (source.get("model_type"), target.get("model_type"))
+    fields = ARCHITECTURE_FIELDS + (V4_ARCHITECTURE_FIELDS if v4 else ())
     out = [f"{f}: SOURCE {source.get(f)!r}, TARGET {target.get(f)!r}"
-           for f in ARCHITECTURE_FIELDS if source.get(f) != target.get(f)]
+           for f in fields if source.get(f) != target.get(f)]
     if _quantization(source) != _quantization(target):
         out.append(f"quantization_config: SOURCE {_quantization(source) or 'none'}, TARGET "
                    f"{_quantization(target) or 'none'} (the layer's tensors are copied as stored: "

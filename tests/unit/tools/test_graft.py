@@ -139,3 +139,12 @@ def test_v4_refusals(v4_pairs, pair, tmp_path):
         with pytest.raises(GraftError, match=message):
             graft(source, target, tmp_path / f"out{i}")
         assert not (tmp_path / f"out{i}").exists()
+
+
+def test_a_v3_config_transformers_saved_takes_the_original_layer(pair, tmp_path):
+    """transformers writes ``head_dim`` into a DeepSeek-V3 config it saves; the original has none
+    (V4's fields are compared for V4 checkpoints only)."""
+    full, bare = pair
+    saved = edited_copy(bare, tmp_path / "saved", head_dim=64)
+    graft(full, saved, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["head_dim"] == 64
