@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dataclasses
 import functools
 import inspect
@@ -10,6 +12,9 @@ import os
 
 from .framework import NotFound, Patch, logger, missing_in
 from .import_hooks import after_import
+
+if TYPE_CHECKING:  # annotations only
+    import torch
 
 NAME = "deferred_first_pass_at_k0"
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"

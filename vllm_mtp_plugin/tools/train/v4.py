@@ -180,7 +180,7 @@ def train_layer(target, layer, sequences: list[torch.Tensor], settings: V4TrainS
                               "give more prompts or --samples-per-prompt.")
     for p in target.parameters():
         p.requires_grad_(False)
-    params = [p for p in layer.parameters()]
+    params = list(layer.parameters())
     for p in params:
         p.requires_grad_(True)
     steps = settings.steps or max(1, math.ceil(settings.epochs * len(train) / settings.batch_size))
