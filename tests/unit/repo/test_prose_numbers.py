@@ -120,6 +120,14 @@ ALLOWED: dict[str, dict[str, str]] = {
         "(0.34 B trained, routed experts frozen) the optimizer state drops to 0.6 GiB":
             "the memory plan with --train-only",
         "(46 GB host memory per rank in fp32)": "the layer's parameters × 4 bytes: arithmetic",
+        "**6.61 B parameters** in the layer (256 experts × 3 × 4096 × 2048 = 6.44 B)":
+            "the V4 memory plan's count (tests/unit/train/test_train_v4.py)",
+        "12.3 GiB of weights, gradients and Adam, 3.9 GiB embedding and head, 22.1 GiB of "
+        "activations": "the V4 memory plan",
+        "12.3 GiB gathered for compute: **50.7 GiB** (DDP: 124.6 GiB, does not fit 80 GB)":
+            "the V4 memory plan",
+        "**284.33 B parameters**, 1059 GiB in fp32 (530 GiB in bf16)": "the V4 memory plan",
+        "(32768 bytes per token in bf16, four streams of 4096)": "the V4 memory plan",
     },
     "docs/v4.md": {
         ">= 90 % acceptance on the oracle": "the test's threshold",

@@ -8,10 +8,12 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from support import paths
 
 from vllm_mtp_plugin.tools.mtp_layer import transformers_v4_layer as reference
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint, encode
 from vllm_mtp_plugin.tools.train import cli
+from vllm_mtp_plugin.tools.train.memory import v4_memory_plan
 
 pytest.importorskip("transformers.models.deepseek_v4")
 
@@ -72,3 +74,25 @@ def test_what_v4_does_not_take_yet_is_refused_by_name(noisy, tmp_path, capsys):
     for i, (argv, message) in enumerate(cases):
         assert cli.main([*argv, "--out", str(tmp_path / f"out{i}"), "--quiet"]) == 2
         assert message in capsys.readouterr().out
+
+
+def test_memory_plan_of_a_full_size_deepseek_v4_flash_layer(tmp_path, capsys):
+    """V4-Flash's config (tests/data) on the meta device: the layer as the V4 trainer builds it,
+    and the target its trainer runs, counted; FSDP2 over 8 fits an 80 GB GPU, DDP does not."""
+
+    config = json.loads((paths.DATA / "deepseek_v4_config.json").read_text())
+    plan = v4_memory_plan(config, gpus=8, sharding="fsdp")
+    # 256 experts x 3 x 4096 x 2048 = 6.44 B, attention 0.10 B, e_proj + h_proj 0.03 B, ...
+    assert 6.55e9 < plan.parameters < 6.65e9 and plan.trained_parameters == plan.parameters
+    assert plan.total_per_gpu < 80 * 2**30
+    assert v4_memory_plan(config, gpus=8, sharding="ddp").total_per_gpu > 80 * 2**30
+    assert "284.33 B parameters" in plan.notes[0]  # DeepSeek's V4-Flash: 284 B
+    assert "32768 bytes per token" in plan.notes[1]  # hc_mult 4 x 4096 x bf16
+    target = tmp_path / "v4-flash"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(config))
+    assert cli.main([str(target), "--memory-plan", "--nproc", "8", "--sharding", "fsdp"]) == 0
+    text = capsys.readouterr().out
+    assert "8 GPU(s), fsdp" in text and "MTP layer: 6.61 B parameters" in text
+    assert cli.main([str(target), "--memory-plan", "--train-only", "router"]) == 2
+    assert "a DeepSeek-V4 layer is trained whole" in capsys.readouterr().out

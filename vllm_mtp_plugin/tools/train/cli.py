@@ -227,6 +227,18 @@ def _model_type(model_dir: Path) -> str | None:
         return None
 
 
+def _v4_memory_plan(args) -> int:
+    from .memory import v4_memory_plan
+
+    if args.train_only:
+        raise TrainInputError("--train-only: a DeepSeek-V4 layer is trained whole; the plan "
+                              "counts every parameter.")
+    config = json.loads((Path(args.target) / "config.json").read_text())
+    plan = v4_memory_plan(config, gpus=args.nproc, sharding=args.sharding)
+    print(f"{args.target}, {args.nproc} GPU(s), {args.sharding}:\n{plan.describe()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -245,6 +257,8 @@ def _run(args) -> int:
     if _model_type(Path(args.target)) == "deepseek_v4":
         from .v4 import run_v4
 
+        if args.memory_plan:
+            return _v4_memory_plan(args)
         if not args.out:
             raise TrainInputError("--out DIR is required (a new directory for the result).")
         if Path(args.out).exists() and any(Path(args.out).iterdir()):

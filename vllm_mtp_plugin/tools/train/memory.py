@@ -12,6 +12,11 @@ allocated. Per GPU, with AdamW in fp32 (``vllm-mtp train`` keeps fp32 master wei
 * activations: a rough bound per token of the local batch (hidden states, MLA projections, the
   chosen experts' intermediate activations, and the fp32 logits over the vocabulary, which
   dominate: vocab x 4 B x 3 for logits, softmax and gradient).
+
+A DeepSeek-V4 layer (``v4_memory_plan``) is counted the same way from the reference layer its
+trainer builds (``mtp_layer/transformers_v4_layer.V4MtpLayer``), with ``hc_mult`` streams in its
+activations. Its trainer also runs the frozen target for every batch (no collection into shards
+yet), so the plan counts that target on the meta device too and says what it weighs.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class MemoryPlan:
     parameters: int
     trained_parameters: int
     per_gpu_bytes: dict[str, int]
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def total_per_gpu(self) -> int:
@@ -38,7 +44,8 @@ class MemoryPlan:
         rows = [f"  {k}: {v / 2**30:.1f} GiB" for k, v in self.per_gpu_bytes.items()]
         return (f"MTP layer: {self.parameters / 1e9:.2f} B parameters, {self.trained_parameters / 1e9:.2f}"
                 f" B trained\nper GPU:\n" + "\n".join(rows)
-                + f"\n  total: {self.total_per_gpu / 2**30:.1f} GiB")
+                + f"\n  total: {self.total_per_gpu / 2**30:.1f} GiB"
+                + "".join(f"\n{note}" for note in self.notes))
 
 
 def count_layer_parameters(config_json: dict, train_only: list[str] | None = None
@@ -70,19 +77,61 @@ def new_layer_on_meta(config, index: int):
 def memory_plan(config_json: dict, gpus: int = 8, sharding: str = "fsdp",
                 tokens_per_gpu: int = 8192, train_only: list[str] | None = None) -> MemoryPlan:
     total, trained = count_layer_parameters(config_json, train_only)
-    shards = gpus if sharding == "fsdp" else 1
     hidden, vocab = config_json["hidden_size"], config_json["vocab_size"]
-    experts = config_json.get("num_experts_per_tok", 1) + config_json.get("n_shared_experts", 0)
-    moe = config_json.get("moe_intermediate_size", config_json.get("intermediate_size"))
     heads = config_json["num_attention_heads"]
     qk = config_json.get("qk_nope_head_dim", 0) + config_json.get("qk_rope_head_dim", 0)
-    per_token = 4 * (12 * hidden + 3 * heads * qk + 3 * experts * moe) + 4 * 3 * vocab
+    per_token = 4 * (12 * hidden + 3 * heads * qk + 3 * _experts_width(config_json)) + 4 * 3 * vocab
+    return MemoryPlan(total, trained, _per_gpu(total, trained, gpus, sharding, hidden, vocab,
+                                               per_token * tokens_per_gpu))
+
+
+def _experts_width(config_json: dict) -> int:
+    """Intermediate width of the experts one token runs (routed top-k + shared)."""
+    experts = config_json.get("num_experts_per_tok", 1) + config_json.get("n_shared_experts", 0)
+    return experts * config_json.get("moe_intermediate_size", config_json.get("intermediate_size"))
+
+
+def _per_gpu(total: int, trained: int, gpus: int, sharding: str, hidden: int, vocab: int,
+             activations: int) -> dict[str, int]:
+    shards = gpus if sharding == "fsdp" else 1
     plan = {
         "trained weights, gradients, Adam": 16 * trained // shards,
         "frozen layer weights": 4 * (total - trained) // shards,
         "target embedding + head (frozen, replicated)": 2 * vocab * hidden * 4,
-        "activations": per_token * tokens_per_gpu,
+        "activations": activations,
     }
     if sharding == "fsdp" and gpus > 1:
         plan["gathered layer for compute (bf16)"] = 2 * total
-    return MemoryPlan(total, trained, plan)
+    return plan
+
+
+def v4_memory_plan(config_json: dict, gpus: int = 8, sharding: str = "fsdp",
+                   tokens_per_gpu: int = 8192) -> MemoryPlan:
+    """The plan for a DeepSeek-V4 target's ``mtp.0`` (every parameter trained), and what the
+    frozen target its trainer runs weighs."""
+    from ..mtp_layer import transformers_v4_layer as reference
+
+    raw = {k: v for k, v in config_json.items() if k != "quantization_config"}  # meta: no dtype
+    index = int(raw["num_hidden_layers"])
+    with torch.device("meta"):
+        layer = reference.V4MtpLayer(reference.config_for_block(raw, index), index)
+        target = _v4_target_on_meta(raw)
+    total = sum(p.numel() for p in layer.parameters())
+    target_total = sum(p.numel() for p in target.parameters())
+    hidden, vocab, streams = raw["hidden_size"], raw["vocab_size"], int(raw.get("hc_mult", 1))
+    attention = raw["num_attention_heads"] * raw["head_dim"]
+    per_token = 4 * (12 * streams * hidden + 3 * attention + 3 * _experts_width(raw)) + 12 * vocab
+    plan = _per_gpu(total, total, gpus, sharding, hidden, vocab, per_token * tokens_per_gpu)
+    notes = [f"the frozen target whose forward gives the layer its inputs: "
+             f"{target_total / 1e9:.2f} B parameters, {4 * target_total / 2**30:.1f} GiB in fp32 "
+             f"as `vllm-mtp train` holds it for a V4 target today (one process, beside the "
+             f"layer; {2 * target_total / 2**30:.1f} GiB in bf16)",
+             f"its states for the layer, collected instead: {2 * streams * hidden} bytes per token "
+             f"in bf16 ({streams} streams of {hidden})"]
+    return MemoryPlan(total, total, plan, notes)
+
+
+def _v4_target_on_meta(raw: dict):
+    from transformers.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    return DeepseekV4ForCausalLM(DeepseekV4Config.from_dict(raw))

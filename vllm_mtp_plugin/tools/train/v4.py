@@ -19,8 +19,8 @@ checks that reference against the drafter vLLM serves, on the same tokens.
    blocks (bf16 with the float32 mixers), in a shard of its own; the target's files linked; the
    plugin's start-up check runs on the result (``checkpoint/files.assemble``).
 
-Not yet for V4: ``--data`` (recorded shards), ``--depth`` > 1, ``--nproc``, ``--memory-plan``,
-``--train-only``, ``--init last-layer`` and quantized (FP8/FP4) targets: each is refused by name.
+Not yet for V4: ``--data`` (recorded shards), ``--depth`` > 1, ``--nproc`` (``--memory-plan``
+counts a full-size layer on GPUs and the target this trainer holds), ``--train-only``, ``--init last-layer`` and quantized (FP8/FP4) targets: each is refused by name.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class V4TrainSettings:
     seed: int = 0
 
 
-UNSUPPORTED = {"data": "--data", "memory_plan": "--memory-plan", "train_only": "--train-only"}
+UNSUPPORTED = {"data": "--data", "train_only": "--train-only"}
 
 
 def refuse_unsupported(args) -> None:
