@@ -127,7 +127,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "12.3 GiB gathered for compute: **50.7 GiB** (DDP: 124.6 GiB, does not fit 80 GB)":
             "the V4 memory plan",
         "**284.33 B parameters**, 1059 GiB in fp32 (530 GiB in bf16)": "the V4 memory plan",
-        "(32768 bytes per token in bf16, four streams of 4096)": "the V4 memory plan",
+        "32768 bytes per token in bf16, four streams of 4096)": "the V4 memory plan",
     },
     "docs/v4.md": {
         ">= 90 % acceptance on the oracle": "the test's threshold",

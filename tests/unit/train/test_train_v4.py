@@ -12,7 +12,8 @@ from support import paths
 
 from vllm_mtp_plugin.tools.mtp_layer import transformers_v4_layer as reference
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint, encode
-from vllm_mtp_plugin.tools.train import cli
+from vllm_mtp_plugin.tools.mtp_layer.shard_format import write_shard
+from vllm_mtp_plugin.tools.train import cli, v4
 from vllm_mtp_plugin.tools.train.memory import v4_memory_plan
 
 pytest.importorskip("transformers.models.deepseek_v4")
@@ -65,7 +66,7 @@ def test_what_v4_does_not_take_yet_is_refused_by_name(noisy, tmp_path, capsys):
     fp8 = build_checkpoint(tmp_path / "fp8", "noisy")
     bare = build_checkpoint(tmp_path / "bare", "noisy", quantization=None, without_mtp=True)
     cases = [
-        ([str(noisy), "--data", str(tmp_path)], "--data: not available for DeepSeek-V4"),
+        ([str(noisy), "--train-only", "router"], "--train-only: not available for DeepSeek-V4"),
         ([str(noisy), "--depth", "2"], "--depth 2: not available for DeepSeek-V4"),
         ([str(noisy), "--init", "last-layer"], "--init last-layer: not available"),
         ([str(fp8)], "a quantized DeepSeek-V4 checkpoint"),
@@ -96,3 +97,66 @@ def test_memory_plan_of_a_full_size_deepseek_v4_flash_layer(tmp_path, capsys):
     assert "8 GPU(s), fsdp" in text and "MTP layer: 6.61 B parameters" in text
     assert cli.main([str(target), "--memory-plan", "--train-only", "router"]) == 2
     assert "a DeepSeek-V4 layer is trained whole" in capsys.readouterr().out
+
+
+def _recorded(directory, target, sequences, states=None):
+    """Shards as a recording writes them (tokens T + 1, states T, flattened streams)."""
+    states = states or [s for _, s in v4.target_states(target, sequences)]
+    directory.mkdir()
+    write_shard(directory / "shard-00000.safetensors", [ids[:-1].tolist() for ids in sequences],
+                [int(ids[-1]) for ids in sequences], [s[:-1].flatten(1) for s in states],
+                [4] * len(sequences), {})
+    return directory
+
+
+def test_the_targets_distribution_from_its_states_is_its_forwards(noisy):
+    """Training reads the target's states, never runs its blocks: its head on state i+1 must be
+    the distribution its own forward gives for token i+2, or KL trains toward something else."""
+    target, layer = reference.load_reference(noisy, 0, torch.float32)
+    ids = torch.randint(0, 2048, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), reference.residual_before_hc_head(target) as caught:
+        logits = target(ids, use_cache=False).logits.float()
+    assert torch.allclose(v4.streams_of_target(target, caught["hidden"]), logits, atol=1e-5)
+    states = [s for _, s in v4.target_states(target, list(ids))]
+    assert states[0].shape == (20, 4, 256) and states[0].dtype == torch.bfloat16
+    loss, agreement = v4.batch_loss(target, layer, ids, torch.stack(states), "kl")
+    assert loss.item() > 0 and 0 <= agreement.item() <= 1
+
+
+def test_training_from_recorded_shards(noisy, tmp_path, capsys):
+    """``--data DIR``: the states a recording stores (width hc_mult x hidden) read back exactly,
+    a short run from them writes a servable layer, the target read without its blocks; shards of
+    another model, or --prompts beside --data, refused by name."""
+    target, _ = reference.load_reference(noisy, 0, torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    sequences = [torch.randint(0, 2048, (n,), generator=generator) for n in [24, 30] * 6]
+    collected = v4.target_states(target, sequences)
+    data = _recorded(tmp_path / "data", target, sequences, [s for _, s in collected])
+    config = json.loads((noisy / "config.json").read_text())
+    read = v4.recorded_sequences(data, config)
+    assert len(read) == 12
+    for (ids, states), (want_ids, want_states) in zip(read, collected):
+        assert torch.equal(ids, want_ids) and torch.equal(states, want_states[:-1])
+    out = tmp_path / "out"
+    code = cli.main([str(noisy), "--data", str(data), "--out", str(out), "--steps", "3",
+                     "--batch-size", "4", "--quiet"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "recorded data: 12 sequences, 324 tokens" in printed and "init checkpoint" in printed
+    record = json.loads((out / "training" / "training.json").read_text())
+    assert record["data"] == str(data) and record["sequences"] == 12
+    reference.load_reference(out, 0, torch.float32)  # read back as served
+    no_blocks = reference.load_target(noisy, blocks=False)
+    assert len(no_blocks.model.layers) == 0 and no_blocks.config.num_hidden_layers == 2
+    narrow = tmp_path / "narrow"
+    narrow.mkdir()
+    write_shard(narrow / "shard-00000.safetensors", [[1, 2, 3]], [4], [torch.zeros(3, 256)],
+                [1], {})
+    cases = [([str(noisy), "--data", str(narrow)], "states of width 256 (shard-00000"
+              ".safetensors); this DeepSeek-V4 target's drafter reads 1024 (hc_mult 4 x "
+              "hidden_size 256)"),
+             ([str(noisy), "--data", str(data), "--prompts", str(data)],
+              "--data DIR trains on recorded shards; --prompts is for collecting")]
+    for i, (argv, message) in enumerate(cases):
+        assert cli.main([*argv, "--out", str(tmp_path / f"refused{i}"), "--quiet"]) == 2
+        assert message in capsys.readouterr().out

@@ -162,7 +162,14 @@ def load_reference(model_dir: str | Path, depth: int = 0, dtype: torch.dtype = t
     """The target (transformers) and its MTP layer ``mtp.{depth}`` from a bf16/fp32 V4
     checkpoint, in ``dtype`` with the mixers in float32, in eval mode. FP8/FP4 checkpoints are
     not read here."""
-    from safetensors import safe_open
+    target = load_target(model_dir, dtype)
+    return target, load_layer(model_dir, target.config, depth, dtype)
+
+
+def load_target(model_dir: str | Path, dtype: torch.dtype = torch.float32, blocks: bool = True):
+    """transformers' V4 target of ``model_dir`` in ``dtype`` (mixers float32), eval mode.
+    ``blocks=False``: only what reads its states (embedding, ``hc_head``, norm, head, rotary
+    embedding): one block is built and read instead of all, for training from recorded states."""
     from transformers.models.deepseek_v4 import DeepseekV4ForCausalLM
 
     model_dir = Path(model_dir)
@@ -170,11 +177,46 @@ def load_reference(model_dir: str | Path, depth: int = 0, dtype: torch.dtype = t
     if config.get("quantization_config"):
         raise ValueError(f"{model_dir}: a quantized V4 checkpoint; the reference reads bf16 or "
                          "fp32 weights (build the tiny one with quantization=None)")
+    transformers_cfg = transformers_config(model_dir)
+    if not blocks:
+        transformers_cfg.num_hidden_layers = 1
     # transformers keeps norms in float32 on load, which its bf16 forward does not take on a
     # CPU: load in float32, cast after
-    target = DeepseekV4ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                   config=transformers_config(model_dir))
-    layer_index = target.config.num_hidden_layers + depth
+    with _quiet_load(not blocks):  # the blocks not built are reported as unexpected keys
+        target = DeepseekV4ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                       config=transformers_cfg)
+    if not blocks:
+        target.model.layers = nn.ModuleList()
+        target.config.num_hidden_layers = int(config["num_hidden_layers"])
+    target.to(dtype)
+    target.eval()
+    for module in target.modules():
+        if type(module).__name__ in ("DeepseekV4HyperConnection", "DeepseekV4HyperHead"):
+            module.float()
+    return target
+
+
+@contextlib.contextmanager
+def _quiet_load(quiet: bool):
+    from transformers.utils import logging as transformers_logging
+
+    level = transformers_logging.get_verbosity()
+    if quiet:
+        transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers_logging.set_verbosity(level)
+
+
+def load_layer(model_dir: str | Path, target_config, depth: int = 0,
+               dtype: torch.dtype = torch.float32) -> "V4MtpLayer":
+    """``mtp.{depth}`` of ``model_dir`` as a ``V4MtpLayer`` (``target_config``: the target's
+    transformers config), in ``dtype`` with the mixers in float32, eval mode."""
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    layer_index = target_config.num_hidden_layers + depth
     prefix = f"mtp.{depth}."
     tensors = {}
     for file in sorted(model_dir.glob("*.safetensors")):
@@ -187,22 +229,18 @@ def load_reference(model_dir: str | Path, depth: int = 0, dtype: torch.dtype = t
                          f"{depth})")
     block = block_config(model_dir, layer_index)
     for kind in ("_attn_implementation", "_experts_implementation"):  # as the target's blocks
-        setattr(block, kind, getattr(target.config, kind, None))
+        setattr(block, kind, getattr(target_config, kind, None))
     layer = V4MtpLayer(block, layer_index)
-    state = to_module_state(tensors, layer_index, target.config.n_routed_experts)
+    state = to_module_state(tensors, layer_index, target_config.n_routed_experts)
     missing, unexpected = layer.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise KeyError(f"{model_dir}: {prefix}* does not match the V4 MTP layer: missing "
                        f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
-    for module in (target, layer):
-        module.to(dtype)
-        module.eval()
-    for module in target.modules():
-        if type(module).__name__ in ("DeepseekV4HyperConnection", "DeepseekV4HyperHead"):
-            module.float()
+    layer.to(dtype)
+    layer.eval()
     for name in FLOAT32_MODULES:
         layer.get_submodule(name).float()
-    return target, layer
+    return layer
 
 
 @contextlib.contextmanager

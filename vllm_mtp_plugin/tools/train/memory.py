@@ -15,8 +15,9 @@ allocated. Per GPU, with AdamW in fp32 (``vllm-mtp train`` keeps fp32 master wei
 
 A DeepSeek-V4 layer (``v4_memory_plan``) is counted the same way from the reference layer its
 trainer builds (``mtp_layer/transformers_v4_layer.V4MtpLayer``), with ``hc_mult`` streams in its
-activations. Its trainer also runs the frozen target for every batch (no collection into shards
-yet), so the plan counts that target on the meta device too and says what it weighs.
+activations. Collecting from prompts, its trainer holds the whole target (transformers generates
+and gives the states), so the plan counts that target on the meta device too and says what it
+weighs; from recorded states (``--data``) training reads the target's embedding and head only.
 """
 
 from __future__ import annotations
@@ -124,10 +125,11 @@ def v4_memory_plan(config_json: dict, gpus: int = 8, sharding: str = "fsdp",
     plan = _per_gpu(total, total, gpus, sharding, hidden, vocab, per_token * tokens_per_gpu)
     notes = [f"the frozen target whose forward gives the layer its inputs: "
              f"{target_total / 1e9:.2f} B parameters, {4 * target_total / 2**30:.1f} GiB in fp32 "
-             f"as `vllm-mtp train` holds it for a V4 target today (one process, beside the "
-             f"layer; {2 * target_total / 2**30:.1f} GiB in bf16)",
-             f"its states for the layer, collected instead: {2 * streams * hidden} bytes per token "
-             f"in bf16 ({streams} streams of {hidden})"]
+             f"as `vllm-mtp train` holds it to collect from prompts (one process; "
+             f"{2 * target_total / 2**30:.1f} GiB in bf16); with --data DIR (states recorded "
+             f"while vLLM serves the target) training reads its embedding and head only",
+             f"its states for the layer: {2 * streams * hidden} bytes per token in bf16 "
+             f"({streams} streams of {hidden})"]
     return MemoryPlan(total, total, plan, notes)
 
 

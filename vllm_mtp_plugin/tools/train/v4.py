@@ -8,19 +8,23 @@ backend (``cpu_features.deepseek_v4_cpu_blockers``). ``tests/engine/v4/test_v4_r
 checks that reference against the drafter vLLM serves, on the same tokens.
 
 1. collect: the target samples ``samples_per_prompt`` continuations of every prompt (temperature
-   ``temperature``, a seed per sample), ``max_new_tokens`` each;
+   ``temperature``, a seed per sample), ``max_new_tokens`` each, then its states at every token
+   (the residual before its ``hc_head``, which vLLM hands the drafter) are kept in bf16 and its
+   blocks dropped. Or ``--data DIR``: sequences and states recorded while vLLM served
+   (``shard_format.py``; width ``hc_mult`` x ``hidden_size``), and the target is read without
+   its blocks. Training needs no forward of the target's blocks either way;
 2. train: ``enorm``/``hnorm``/``e_proj``/``h_proj``, the block with its hyper-connection
-   parameters, ``hc_head`` and ``norm``; the target (embedding, head, blocks) frozen and run under
-   ``no_grad`` for every batch. Loss ``kl``: the target's distribution of token i+2 (its logits at
-   i+1) against the layer's at i; ``ce``: the sampled token i+2. The layer of the step with the
-   best held-out loss is kept;
+   parameters, ``hc_head`` and ``norm``; the target's embedding and head frozen. Loss ``kl``: the
+   target's distribution of token i+2 (its head on state i+1) against the layer's at i; ``ce``:
+   the sampled token i+2. The layer of the step with the best held-out loss is kept;
 3. export: the layer in DeepSeek's names (``weights/layers.py``'s V4 description, read back from
    transformers' modules through transformers' own V4 renaming), stored as the target stores its
    blocks (bf16 with the float32 mixers), in a shard of its own; the target's files linked; the
    plugin's start-up check runs on the result (``checkpoint/files.assemble``).
 
-Not yet for V4: ``--data`` (recorded shards), ``--depth`` > 1, ``--nproc`` (``--memory-plan``
-counts a full-size layer on GPUs and the target this trainer holds), ``--train-only``, ``--init last-layer`` and quantized (FP8/FP4) targets: each is refused by name.
+Not yet for V4: ``--depth`` > 1, ``--nproc`` (``--memory-plan`` counts a full-size layer on GPUs
+and the target collection holds), ``--train-only``, ``--init last-layer`` and quantized (FP8/FP4)
+targets: each is refused by name.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from ..mtp_layer.v3_target import TrainInputError
 
 LAYER_SHARD = "mtp-00001-of-00001.safetensors"
 HELD_OUT_EVERY = 10  # every 10th sequence is held out
+# A sequence's token ids [L] and the target's states at them [L or L-1, hc_mult, H]
+Sequence = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclasses.dataclass
@@ -56,7 +62,7 @@ class V4TrainSettings:
     seed: int = 0
 
 
-UNSUPPORTED = {"data": "--data", "train_only": "--train-only"}
+UNSUPPORTED = {"train_only": "--train-only"}
 
 
 def refuse_unsupported(args) -> None:
@@ -71,12 +77,14 @@ def refuse_unsupported(args) -> None:
     if named:
         raise TrainInputError(
             f"{', '.join(named)}: not available for DeepSeek-V4 targets yet (V4 trains one layer, "
-            "mtp.0, in one process, from prompts; --init auto, checkpoint or scratch).")
+            "mtp.0, in one process, from prompts or --data; --init auto, checkpoint or "
+            "scratch).")
 
 
-def open_v4_target(model_dir: Path, init: str):
+def open_v4_target(model_dir: Path, init: str, blocks: bool = True):
     """(target, layer, config.json) from ``model_dir``: the checkpoint's ``mtp.0`` or (``scratch``,
-    or ``auto`` without one) a new layer initialised as transformers initialises the target."""
+    or ``auto`` without one) a new layer initialised as transformers initialises the target.
+    ``blocks=False``: the target without its blocks (training from recorded states)."""
     config = json.loads((model_dir / "config.json").read_text())
     if config.get("quantization_config"):
         raise TrainInputError(
@@ -87,13 +95,9 @@ def open_v4_target(model_dir: Path, init: str):
     if init == "checkpoint" and not has_layer:
         raise TrainInputError(f"--init checkpoint: {model_dir} has no mtp.0.* tensors; use "
                               "--init scratch (or auto).")
+    target = reference.load_target(model_dir, torch.float32, blocks=blocks)
     if has_layer and init in ("auto", "checkpoint"):
-        target, layer = reference.load_reference(model_dir, 0, torch.float32)
-        return target, layer, config
-    from transformers.models.deepseek_v4 import DeepseekV4ForCausalLM
-
-    target = DeepseekV4ForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, config=reference.transformers_config(model_dir))
+        return target, reference.load_layer(model_dir, target.config, 0, torch.float32), config
     index = target.config.num_hidden_layers
     block = reference.config_for_block(config, index, f"{model_dir}/config.json")
     for kind in ("_attn_implementation", "_experts_implementation"):
@@ -102,7 +106,7 @@ def open_v4_target(model_dir: Path, init: str):
     layer.apply(target._init_weights)
     for name in reference.FLOAT32_MODULES:
         layer.get_submodule(name).float()
-    return target.eval(), layer, config
+    return target, layer, config
 
 
 def _has_mtp(model_dir: Path) -> bool:
@@ -132,16 +136,60 @@ def collect(target, prompt_ids: list[list[int]], settings: V4TrainSettings) -> l
     return sequences
 
 
-def batch_loss(target, layer, ids: torch.Tensor, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, top-1 agreement with the target's greedy token i+2) on ``ids`` ``[B, T]``."""
-    with torch.no_grad(), reference.residual_before_hc_head(target) as caught:
-        target_logits = target(ids, use_cache=False).logits.float()
+@torch.no_grad()
+def target_states(target, sequences: list[torch.Tensor]) -> list[Sequence]:
+    """Each sequence with the target's residual before its ``hc_head`` at every token
+    (``[T, hc_mult, H]``, bf16: what vLLM hands the drafter and a recording stores)."""
+    out = []
+    for ids in sequences:
+        with reference.residual_before_hc_head(target) as caught:
+            target(ids[None], use_cache=False)
+        out.append((ids, caught["hidden"][0].to(torch.bfloat16)))
+    return out
+
+
+def recorded_sequences(data_dir: Path, config: dict) -> list[Sequence]:
+    """The sequences and states of recorded shards (``shard_format.py``), refused where they
+    cannot be this target's: another width than ``hc_mult`` x ``hidden_size``, or tokens outside
+    its vocabulary."""
+    from ..mtp_layer.shard_format import SHARD_FORMATS, SequenceStore, shard_summary
+
+    summary = shard_summary(data_dir)
+    if summary["formats"] - SHARD_FORMATS:
+        raise TrainInputError(f"--data {data_dir}: shards of format "
+                              f"{', '.join(sorted(summary['formats'] - SHARD_FORMATS))}, not "
+                              f"{', '.join(sorted(SHARD_FORMATS))}.")
+    streams, hidden = int(config.get("hc_mult", 1)), int(config["hidden_size"])
+    if summary["hidden_size"] != streams * hidden:
+        raise TrainInputError(
+            f"--data {data_dir}: the shards hold states of width {summary['hidden_size']} "
+            f"({summary['first']}); this DeepSeek-V4 target's drafter reads {streams * hidden} "
+            f"(hc_mult {streams} x hidden_size {hidden}): they were recorded from another model.")
+    store = SequenceStore(data_dir)
+    out = []
+    for tokens, states in zip(store.tokens, store.hidden):
+        if int(tokens.max()) >= int(config["vocab_size"]):
+            raise TrainInputError(f"--data {data_dir}: token {int(tokens.max())} is outside this "
+                                  f"target's vocabulary ({config['vocab_size']}).")
+        if len(tokens) >= 3:  # a draft needs a state, the next token and the one after it
+            out.append((tokens.long(), states.view(len(states), streams, hidden)))
+    return out
+
+
+def batch_loss(target, layer, ids: torch.Tensor, hidden: torch.Tensor, loss: str
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, top-1 agreement with the target's greedy token i+2) on ``ids`` ``[B, L]`` with the
+    target's states ``hidden`` ``[B, >= L-1, hc_mult, H]``: the drafter at position i reads
+    state i and token i+1; the target's distribution of token i+2 is its head on state i+1 (what
+    its own forward computes from that state)."""
+    hidden = hidden.float()
+    with torch.no_grad():
+        teacher = streams_of_target(target, hidden[:, 1:ids.shape[1] - 1])
     batch, length = ids.shape
     positions = torch.arange(length - 2).expand(batch, -1)
-    streams = reference.layer_streams(target, layer, caught["hidden"][:, :-2], ids[:, 1:-1],
+    streams = reference.layer_streams(target, layer, hidden[:, :length - 2], ids[:, 1:-1],
                                       positions)
     logits = reference.streams_logits(target, layer, streams).float()
-    teacher = target_logits[:, 1:-1]  # the target's distribution of token i+2
     if loss == "kl":
         value = F.kl_div(F.log_softmax(logits, -1).flatten(0, 1),
                          F.log_softmax(teacher, -1).flatten(0, 1), log_target=True,
@@ -152,18 +200,26 @@ def batch_loss(target, layer, ids: torch.Tensor, loss: str) -> tuple[torch.Tenso
     return value, agreement
 
 
-def batches(sequences: list[torch.Tensor], size: int, rng: random.Random):
-    """Shuffled batches of equal length (each sequence cut to the batch's shortest)."""
+def streams_of_target(target, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's logits from its states ``[..., hc_mult, H]``: head(norm(hc_head(x)))."""
+    model = target.model
+    return target.lm_head(model.norm(model.hc_head(hidden)).to(target.lm_head.weight.dtype)).float()
+
+
+def batches(sequences: list[Sequence], size: int, rng: random.Random):
+    """Shuffled batches of equal length (each sequence and its states cut to the batch's
+    shortest): ``(ids [B, L], hidden [B, L-1, hc_mult, H])``."""
     order = list(range(len(sequences)))
     while True:
         rng.shuffle(order)
         for start in range(0, len(order) - size + 1, size):
             chosen = [sequences[i] for i in order[start:start + size]]
-            length = min(len(s) for s in chosen)
-            yield torch.stack([s[:length] for s in chosen])
+            length = min(len(ids) for ids, _ in chosen)
+            yield (torch.stack([ids[:length] for ids, _ in chosen]),
+                   torch.stack([states[:length - 1] for _, states in chosen]))
 
 
-def train_layer(target, layer, sequences: list[torch.Tensor], settings: V4TrainSettings,
+def train_layer(target, layer, sequences: list[Sequence], settings: V4TrainSettings,
                 progress: bool = True) -> dict:
     """Train ``layer`` in place (the best held-out step's weights at the end); returns history."""
     from tqdm import tqdm
@@ -197,7 +253,7 @@ def train_layer(target, layer, sequences: list[torch.Tensor], settings: V4TrainS
     for step in tqdm(range(steps), desc="training", disable=not progress, unit="step"):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, schedule, steps)
-        value, _ = batch_loss(target, layer, next(data), settings.loss)
+        value, _ = batch_loss(target, layer, *next(data), settings.loss)
         optimizer.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -220,11 +276,11 @@ def train_layer(target, layer, sequences: list[torch.Tensor], settings: V4TrainS
 
 
 @torch.no_grad()
-def evaluate(target, layer, held: list[torch.Tensor], loss: str) -> dict:
+def evaluate(target, layer, held: list[Sequence], loss: str) -> dict:
     layer.eval()
     values, agreements = [], []
-    for sequence in held:
-        value, agreement = batch_loss(target, layer, sequence[None], loss)
+    for ids, states in held:
+        value, agreement = batch_loss(target, layer, ids[None], states[None], loss)
         values.append(value.item())
         agreements.append(agreement.item())
     return {"loss": sum(values) / len(values), "agreement": sum(agreements) / len(agreements)}
@@ -249,10 +305,6 @@ def export(model_dir: Path, layer, config: dict, out: Path, copy: bool = False) 
 
 def run_v4(args, prompts_path: Path) -> int:
     """``vllm-mtp train`` on a DeepSeek-V4 target (``args``: train/cli.py's)."""
-    from transformers import AutoTokenizer
-
-    from ..mtp_layer.drafter_inputs import encode_prompts, load_training_prompts
-
     refuse_unsupported(args)
     model_dir, out = Path(args.target), Path(args.out)
     settings = V4TrainSettings(
@@ -260,15 +312,19 @@ def run_v4(args, prompts_path: Path) -> int:
         learning_rate=args.lr, loss=args.loss, init=args.init, temperature=args.temperature,
         samples_per_prompt=args.samples_per_prompt, max_new_tokens=args.max_new_tokens,
         seed=args.seed)
-    prompts = load_training_prompts(prompts_path)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    prompt_ids = encode_prompts(tokenizer, prompts, f"--prompts {prompts_path}")
-    target, layer, config = open_v4_target(model_dir, settings.init)
+    if args.data:
+        if args.prompts:
+            raise TrainInputError("--data DIR trains on recorded shards; --prompts is for "
+                                  "collecting new data. Give one of them.")
+        config = json.loads((model_dir / "config.json").read_text())
+        sequences = recorded_sequences(Path(args.data), config)
+        target, layer, config = open_v4_target(model_dir, settings.init, blocks=False)
+        print(f"[1/3] recorded data: {len(sequences)} sequences, "
+              f"{sum(len(ids) for ids, _ in sequences)} tokens in {args.data} (no collection)",
+              flush=True)
+    else:
+        target, layer, config, sequences = _collected(model_dir, prompts_path, settings)
     start = "checkpoint" if settings.init != "scratch" and _has_mtp(model_dir) else "scratch"
-    print(f"[1/3] collecting: {len(prompt_ids)} prompts x {settings.samples_per_prompt} samples "
-          f"of {settings.max_new_tokens} tokens at T = {settings.temperature:g} (transformers' "
-          "V4 target)", flush=True)
-    sequences = collect(target, prompt_ids, settings)
     print(f"[2/3] training mtp.0 (init {start}, loss {settings.loss})", flush=True)
     history = train_layer(target, layer, sequences, settings, progress=not args.quiet)
     print(f"[3/3] exporting to {out}", flush=True)
@@ -278,7 +334,8 @@ def run_v4(args, prompts_path: Path) -> int:
     report.mkdir()
     (report / "training.json").write_text(json.dumps(
         {"variant": "v4", "settings": dataclasses.asdict(settings), "init": start,
-         "sequences": len(sequences), "tokens": sum(len(s) for s in sequences),
+         "data": str(args.data) if args.data else None,
+         "sequences": len(sequences), "tokens": sum(len(ids) for ids, _ in sequences),
          "held_out": best, "history": history}, indent=1))
     print(f"exported the layer of step {best['step']} of {history['steps']} (best held-out "
           f"loss); held-out agreement with the target's greedy token: {best['agreement']:.3f}")
@@ -286,3 +343,22 @@ def run_v4(args, prompts_path: Path) -> int:
           f"{'copied' if args.copy else 'linked'}. Serve it with\n  vllm-mtp serve {out} "
           "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'")
     return 0
+
+
+def _collected(model_dir: Path, prompts_path: Path, settings: V4TrainSettings):
+    """The target samples continuations of the prompts; then its states at every token are
+    kept and its blocks dropped: training reads the states, as it reads recorded ones."""
+    from transformers import AutoTokenizer
+
+    from ..mtp_layer.drafter_inputs import encode_prompts, load_training_prompts
+
+    prompts = load_training_prompts(prompts_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    prompt_ids = encode_prompts(tokenizer, prompts, f"--prompts {prompts_path}")
+    target, layer, config = open_v4_target(model_dir, settings.init)
+    print(f"[1/3] collecting: {len(prompt_ids)} prompts x {settings.samples_per_prompt} samples "
+          f"of {settings.max_new_tokens} tokens at T = {settings.temperature:g} (transformers' "
+          "V4 target)", flush=True)
+    sequences = target_states(target, collect(target, prompt_ids, settings))
+    target.model.layers = torch.nn.ModuleList()  # the states are kept: the blocks are not needed
+    return target, layer, config, sequences
