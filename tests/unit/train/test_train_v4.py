@@ -69,7 +69,7 @@ def test_what_v4_does_not_take_yet_is_refused_by_name(noisy, tmp_path, capsys):
         ([str(noisy), "--train-only", "router"], "--train-only: not available for DeepSeek-V4"),
         ([str(noisy), "--depth", "2"], "--depth 2: not available for DeepSeek-V4"),
         ([str(noisy), "--init", "last-layer"], "--init last-layer: not available"),
-        ([str(fp8)], "a quantized DeepSeek-V4 checkpoint"),
+        ([str(fp8)], "a quantized DeepSeek-V4 checkpoint; collecting from prompts"),
         ([str(bare), "--init", "checkpoint"], "has no mtp.0.* tensors"),
     ]
     for i, (argv, message) in enumerate(cases):
@@ -160,3 +160,44 @@ def test_training_from_recorded_shards(noisy, tmp_path, capsys):
     for i, (argv, message) in enumerate(cases):
         assert cli.main([*argv, "--out", str(tmp_path / f"refused{i}"), "--quiet"]) == 2
         assert message in capsys.readouterr().out
+
+
+def test_a_quantized_target_trains_from_recorded_states_and_keeps_its_format(noisy, tmp_path,
+                                                                            capsys):
+    """V4-Flash's format (FP8 linears, FP4 experts, UE8M0 scales): the layer is read dequantized
+    and written back as the target stores it: untrained, its own values in its own dtypes; after a
+    short run from --data, every tensor in its stored dtype, the start-up check passed."""
+    fp8 = build_checkpoint(tmp_path / "fp8", "noisy")
+    config = json.loads((fp8 / "config.json").read_text())
+    stored = {k: v for k, v in load_file(str(fp8 / "model.safetensors")).items()
+              if k.startswith("mtp.0.")}
+    ends, layer, _ = v4.open_v4_target(fp8, "auto", blocks=False)
+    v4.export(fp8, layer, config, tmp_path / "untrained")
+    again = load_file(str(tmp_path / "untrained" / v4.LAYER_SHARD))
+    assert {n: t.dtype for n, t in again.items()} == {n: t.dtype for n, t in stored.items()}
+    # the same values (a block whose largest code rounded to half the range may take the scale
+    # below it: 224 x 2^-6 is stored again as 448 x 2^-7)
+    _, twin = reference.load_reference(noisy, 0, torch.float32)  # the same weights in bf16
+    for name, bound in (("e_proj.weight", 0.05), ("block.mlp.experts.gate_up_proj", 0.2)):
+        error = layer.state_dict()[name] - twin.state_dict()[name]  # FP8 ~2 %, FP4 ~12 %
+        assert error.norm() / twin.state_dict()[name].norm() < bound, name
+    read_back = reference.load_layer(tmp_path / "untrained", ends.config).state_dict()
+    for name, tensor in layer.state_dict().items():
+        assert torch.equal(read_back[name], tensor), name
+    target, _ = reference.load_reference(noisy, 0, torch.float32)
+    generator = torch.Generator().manual_seed(2)
+    data = _recorded(tmp_path / "data", target,
+                     [torch.randint(0, 2048, (20,), generator=generator) for _ in range(12)])
+    out = tmp_path / "out"
+    code = cli.main([str(fp8), "--data", str(data), "--out", str(out), "--steps", "3",
+                     "--batch-size", "4", "--quiet"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    trained = load_file(str(out / v4.LAYER_SHARD))
+    assert {n: t.dtype for n, t in trained.items()} == {n: t.dtype for n, t in stored.items()}
+    assert not torch.equal(trained["mtp.0.e_proj.weight"].view(torch.uint8),
+                           stored["mtp.0.e_proj.weight"].view(torch.uint8))  # trained
+    assert json.loads((out / "config.json").read_text())["quantization_config"] == \
+        config["quantization_config"]
+    assert cli.main([str(fp8), "--out", str(tmp_path / "prompts"), "--quiet"]) == 2
+    assert "train with --data DIR" in capsys.readouterr().out

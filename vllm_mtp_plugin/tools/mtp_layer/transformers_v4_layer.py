@@ -169,25 +169,25 @@ def load_reference(model_dir: str | Path, depth: int = 0, dtype: torch.dtype = t
 def load_target(model_dir: str | Path, dtype: torch.dtype = torch.float32, blocks: bool = True):
     """transformers' V4 target of ``model_dir`` in ``dtype`` (mixers float32), eval mode.
     ``blocks=False``: only what reads its states (embedding, ``hc_head``, norm, head, rotary
-    embedding): one block is built and read instead of all, for training from recorded states."""
+    embedding), built without blocks and read tensor by tensor, for training from recorded
+    states; this also reads FP8/FP4 releases, whose embedding and head are unquantized."""
     from transformers.models.deepseek_v4 import DeepseekV4ForCausalLM
 
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
+    if not blocks:
+        return _target_ends(model_dir, config, dtype)
     if config.get("quantization_config"):
         raise ValueError(f"{model_dir}: a quantized V4 checkpoint; the reference reads bf16 or "
                          "fp32 weights (build the tiny one with quantization=None)")
-    transformers_cfg = transformers_config(model_dir)
-    if not blocks:
-        transformers_cfg.num_hidden_layers = 1
     # transformers keeps norms in float32 on load, which its bf16 forward does not take on a
     # CPU: load in float32, cast after
-    with _quiet_load(not blocks):  # the blocks not built are reported as unexpected keys
-        target = DeepseekV4ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                       config=transformers_cfg)
-    if not blocks:
-        target.model.layers = nn.ModuleList()
-        target.config.num_hidden_layers = int(config["num_hidden_layers"])
+    target = DeepseekV4ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                   config=transformers_config(model_dir))
+    return _finished(target, dtype)
+
+
+def _finished(target, dtype: torch.dtype):
     target.to(dtype)
     target.eval()
     for module in target.modules():
@@ -196,17 +196,53 @@ def load_target(model_dir: str | Path, dtype: torch.dtype = torch.float32, block
     return target
 
 
-@contextlib.contextmanager
-def _quiet_load(quiet: bool):
-    from transformers.utils import logging as transformers_logging
+def _target_ends(model_dir: Path, config: dict, dtype: torch.dtype):
+    """The target with no blocks, its ends read from the checkpoint's own tensors."""
+    from safetensors import safe_open
+    from transformers.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
 
-    level = transformers_logging.get_verbosity()
-    if quiet:
-        transformers_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        transformers_logging.set_verbosity(level)
+    raw = {k: v for k, v in config.items() if k != "quantization_config"}
+    ends = DeepseekV4Config.from_dict(raw)
+    ends.num_hidden_layers = 0
+    target = DeepseekV4ForCausalLM(ends)
+    wanted = {name for name, _ in target.named_parameters()}
+    state = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():
+                if name.startswith(("layers.", "mtp.")):
+                    continue
+                module = transformers_name(name)
+                module = module if module in wanted else f"model.{module}"
+                if module not in wanted:
+                    continue
+                tensor = f.get_tensor(name)
+                if tensor.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                    raise ValueError(f"{file}: {name} is stored as {tensor.dtype}; the target's "
+                                     "embedding, head and hc_head are read unquantized")
+                state[module] = tensor.float()
+    missing = sorted(wanted - set(state))
+    if missing:
+        raise ValueError(f"{model_dir}: the target's {', '.join(missing)} not found in its "
+                         "*.safetensors (a DeepSeek-V4 checkpoint stores embed, head, norm and "
+                         "hc_head_*)")
+    target.load_state_dict(state, strict=False)
+    target.config.num_hidden_layers = int(config["num_hidden_layers"])
+    return _finished(target, dtype)
+
+
+def _read_unquantized(f, name: str) -> torch.Tensor:
+    """``name`` in float32: an FP8 weight times its block ``.scale``, a packed FP4 expert (int8)
+    decoded with its 1x32 ``.scale`` (DeepSeek-V4-Flash), anything else as stored."""
+    from ..checkpoint.quantize import dequantize_fp4, dequantize_fp8_blocks
+
+    tensor = f.get_tensor(name)
+    scale_name = name.removesuffix(".weight") + ".scale"
+    if tensor.dtype == torch.float8_e4m3fn:
+        return dequantize_fp8_blocks(tensor, f.get_tensor(scale_name))
+    if tensor.dtype == torch.int8 and EXPERT.search(name):
+        return dequantize_fp4(tensor, f.get_tensor(scale_name))
+    return tensor.float()
 
 
 def load_layer(model_dir: str | Path, target_config, depth: int = 0,
@@ -222,8 +258,8 @@ def load_layer(model_dir: str | Path, target_config, depth: int = 0,
     for file in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(file), "pt") as f:
             for name in f.keys():
-                if name.startswith(prefix):
-                    tensors[name[len(prefix):]] = f.get_tensor(name).float()
+                if name.startswith(prefix) and not name.endswith(".scale"):
+                    tensors[name[len(prefix):]] = _read_unquantized(f, name)
     if not tensors:
         raise ValueError(f"{model_dir}: no {prefix}* tensors (a checkpoint without MTP layer "
                          f"{depth})")

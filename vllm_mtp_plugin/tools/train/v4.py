@@ -19,12 +19,15 @@ checks that reference against the drafter vLLM serves, on the same tokens.
    the sampled token i+2. The layer of the step with the best held-out loss is kept;
 3. export: the layer in DeepSeek's names (``weights/layers.py``'s V4 description, read back from
    transformers' modules through transformers' own V4 renaming), stored as the target stores its
-   blocks (bf16 with the float32 mixers), in a shard of its own; the target's files linked; the
-   plugin's start-up check runs on the result (``checkpoint/files.assemble``).
+   blocks (bf16 with the float32 mixers, or V4-Flash's FP8 linears and FP4 experts with their
+   scales: ``checkpoint/quantize.encode_v4``), in a shard of its own; the target's files linked;
+   the plugin's start-up check runs on the result (``checkpoint/files.assemble``).
 
-Not yet for V4: ``--depth`` > 1, ``--nproc`` (``--memory-plan`` counts a full-size layer on GPUs
-and the target collection holds), ``--train-only``, ``--init last-layer`` and quantized (FP8/FP4)
-targets: each is refused by name.
+A quantized (FP8/FP4) target trains from ``--data`` only: its layer is read dequantized, its
+embedding and head are stored unquantized; collecting from prompts runs the target here in bf16
+or fp32. Not yet for V4: ``--depth`` > 1, ``--nproc`` (``--memory-plan`` counts a full-size layer
+on GPUs and the target collection holds), ``--train-only``, ``--init last-layer``: each is
+refused by name.
 """
 
 from __future__ import annotations
@@ -86,11 +89,12 @@ def open_v4_target(model_dir: Path, init: str, blocks: bool = True):
     or ``auto`` without one) a new layer initialised as transformers initialises the target.
     ``blocks=False``: the target without its blocks (training from recorded states)."""
     config = json.loads((model_dir / "config.json").read_text())
-    if config.get("quantization_config"):
+    if config.get("quantization_config") and blocks:
         raise TrainInputError(
-            f"{model_dir}: a quantized DeepSeek-V4 checkpoint; training reads bf16 or fp32 "
-            "weights. Train on the unquantized release, then copy the layer into the quantized "
-            "one with `vllm-mtp graft` (FP8/FP4 exports of a layer are not written yet).")
+            f"{model_dir}: a quantized DeepSeek-V4 checkpoint; collecting from prompts runs the "
+            "target in bf16 or fp32 here. Record its states while vLLM serves it (vllm-mtp serve "
+            "--record DIR) and train with --data DIR: the layer is then read dequantized and "
+            "written back in the checkpoint's FP8/FP4 format.")
     has_layer = int(config.get("num_nextn_predict_layers") or 0) > 0 and _has_mtp(model_dir)
     if init == "checkpoint" and not has_layer:
         raise TrainInputError(f"--init checkpoint: {model_dir} has no mtp.0.* tensors; use "
@@ -99,7 +103,8 @@ def open_v4_target(model_dir: Path, init: str, blocks: bool = True):
     if has_layer and init in ("auto", "checkpoint"):
         return target, reference.load_layer(model_dir, target.config, 0, torch.float32), config
     index = target.config.num_hidden_layers
-    block = reference.config_for_block(config, index, f"{model_dir}/config.json")
+    unquantized = {k: v for k, v in config.items() if k != "quantization_config"}
+    block = reference.config_for_block(unquantized, index, f"{model_dir}/config.json")
     for kind in ("_attn_implementation", "_experts_implementation"):
         setattr(block, kind, getattr(target.config, kind, None))
     layer = reference.V4MtpLayer(block, index)
@@ -297,7 +302,9 @@ def export(model_dir: Path, layer, config: dict, out: Path, copy: bool = False) 
 
     target = TargetCheckpoint(model_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = encode_v4(reference.layer_tensors(layer, config), None, config.get("expert_dtype", "fp4"))
+    quantization = "fp8" if config.get("quantization_config") else None  # as the target stores
+    tensors = encode_v4(reference.layer_tensors(layer, config), quantization,
+                        config.get("expert_dtype", "fp4"))
     save_file(tensors, str(out / LAYER_SHARD), metadata={"format": "pt"})
     old = {name for name in target.tensors if name.startswith("mtp.")}
     return assemble(target, out, dict.fromkeys(tensors, LAYER_SHARD), 1, copy, drop=old)
