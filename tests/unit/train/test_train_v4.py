@@ -116,7 +116,7 @@ def test_the_targets_distribution_from_its_states_is_its_forwards(noisy):
     ids = torch.randint(0, 2048, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), reference.residual_before_hc_head(target) as caught:
         logits = target(ids, use_cache=False).logits.float()
-    assert torch.allclose(v4.streams_of_target(target, caught["hidden"]), logits, atol=1e-5)
+    assert torch.allclose(reference.target_logits(target, caught["hidden"]), logits, atol=1e-5)
     states = [s for _, s in v4.target_states(target, list(ids))]
     assert states[0].shape == (20, 4, 256) and states[0].dtype == torch.bfloat16
     loss, agreement = v4.batch_loss(target, layer, ids, torch.stack(states), "kl")

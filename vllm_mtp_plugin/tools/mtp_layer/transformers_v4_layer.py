@@ -315,6 +315,13 @@ def streams_logits(target, layer: V4MtpLayer, streams: torch.Tensor) -> torch.Te
     return target.lm_head(layer.logits_input(streams).to(target.lm_head.weight.dtype))
 
 
+def target_logits(target, states: torch.Tensor) -> torch.Tensor:
+    """The target's logits (float32) from its states ``[..., hc_mult, H]`` (the residual before
+    its ``hc_head``): head(norm(hc_head(x))), what its own forward computes from them."""
+    model = target.model
+    return target.lm_head(model.norm(model.hc_head(states)).to(target.lm_head.weight.dtype)).float()
+
+
 def layer_logits(target, layer: V4MtpLayer, hidden: torch.Tensor, token_ids: torch.Tensor
                  ) -> torch.Tensor:
     """The layer's logits at positions 0..T-2 of ``token_ids`` ``[B, T]``: at position i it reads

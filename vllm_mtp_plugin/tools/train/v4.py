@@ -189,7 +189,7 @@ def batch_loss(target, layer, ids: torch.Tensor, hidden: torch.Tensor, loss: str
     its own forward computes from that state)."""
     hidden = hidden.float()
     with torch.no_grad():
-        teacher = streams_of_target(target, hidden[:, 1:ids.shape[1] - 1])
+        teacher = reference.target_logits(target, hidden[:, 1:ids.shape[1] - 1])
     batch, length = ids.shape
     positions = torch.arange(length - 2).expand(batch, -1)
     streams = reference.layer_streams(target, layer, hidden[:, :length - 2], ids[:, 1:-1],
@@ -203,12 +203,6 @@ def batch_loss(target, layer, ids: torch.Tensor, hidden: torch.Tensor, loss: str
         value = F.cross_entropy(logits.flatten(0, 1), ids[:, 2:].flatten())
     agreement = (logits.argmax(-1) == teacher.argmax(-1)).float().mean()
     return value, agreement
-
-
-def streams_of_target(target, hidden: torch.Tensor) -> torch.Tensor:
-    """The target's logits from its states ``[..., hc_mult, H]``: head(norm(hc_head(x)))."""
-    model = target.model
-    return target.lm_head(model.norm(model.hc_head(hidden)).to(target.lm_head.weight.dtype)).float()
 
 
 def batches(sequences: list[Sequence], size: int, rng: random.Random):
