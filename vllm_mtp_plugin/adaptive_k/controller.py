@@ -6,8 +6,9 @@ P(first j drafts accepted), j <= k``, and costs ``cost(b, k)`` seconds; ``b`` is
 k of a step, so the controller picks ``argmax_k E(k) / cost(bucket(b), k)``. Both factors are
 measured (``estimates.py``): acceptance from the verifier's results, the cost from the steps'
 times. Each batch-size bucket first runs every k for a short burst; later bursts re-measure, in
-turn, the k not chosen (their acceptance and cost move with the traffic), every
-``explore_every`` steps. A switch needs a gain above ``hysteresis`` and ``min_dwell`` steps at the
+turn, the k not chosen (their acceptance and cost move with the traffic), ``first_explore``
+steps apart at first, doubling up to ``explore_every``; a k's first-burst costs, measured on a
+cold engine, are dropped when it is measured again. A switch needs a gain above ``hysteresis`` and ``min_dwell`` steps at the
 current k, so k does not flap on noise.
 
 The k chosen at a step is the number of drafts proposed after it; the next step verifies them.
@@ -29,6 +30,7 @@ class ControllerSettings:
     max_k: int
     burst: int = 4            # steps per measuring burst; its first step is a transition
     explore_every: int = 256  # steps of a bucket between two bursts at a k not chosen
+    first_explore: int = 16   # ... at first, doubling at every burst up to explore_every
     hysteresis: float = 0.03  # a switch must promise this much more throughput
     min_dwell: int = 16       # steps at a k before switching away from it (bursts aside)
     cost_window: int = 16     # steady steps per (bucket, k) whose median is the cost
@@ -76,6 +78,7 @@ class BucketState:
     dwell: int = 0
     since_burst: int = 0
     since_probe: int = 0
+    explored: int = 0  # bursts at a k not chosen so far
     switches: int = 0
     decision_due: bool = False
 
@@ -108,6 +111,7 @@ class AdaptiveK:
         self.acceptance = AcceptanceByPosition(settings.max_k, settings.acceptance_half_life)
         self.costs = StepCosts(settings.cost_window, settings.max_sample_age)
         self.burst_at: dict[tuple[int, int], int] = {}  # (bucket, k) -> step its last burst began
+        self.remeasured: set[tuple[int, int]] = set()  # (bucket, k) measured again since its first
         self.buckets: dict[int, BucketState] = {}
         self.step = 0
         self.steps_at_k: collections.Counter = collections.Counter()
@@ -129,10 +133,14 @@ class AdaptiveK:
             if state.decision_due or state.dwell >= self.settings.min_dwell:
                 state.decision_due = False
                 self._decide(bucket, state)
-            if state.since_burst >= self.settings.explore_every and len(self.ks) > 1:
+            if state.since_burst >= self._explore_interval(state) and len(self.ks) > 1:
                 state.since_burst = 0
+                state.explored += 1
                 other = self._stalest_other_k(bucket, state.k)
                 self.burst_at[(bucket, other)] = self.step
+                if (bucket, other) not in self.remeasured:  # the first burst ran on a cold engine
+                    self.remeasured.add((bucket, other))
+                    self.costs.forget(bucket, other)
                 state.plan.extend([other] * self.settings.burst)
             elif state.k == 0 and not state.plan and max(self.ks) > 0:
                 state.since_probe += 1
@@ -147,6 +155,13 @@ class AdaptiveK:
             k = state.k
         self.steps_at_k[k] += 1
         return k
+
+    def _explore_interval(self, state: BucketState) -> int:
+        """Steps between two bursts at a k not chosen: ``first_explore`` after the first bursts,
+        doubling at every burst up to ``explore_every``. The first samples of a k are few and may
+        fall on a new engine's first steps (kernels met for the first time) or on a slow stretch
+        of the machine; each k is measured again within some tens of steps, not hundreds."""
+        return min(self.settings.explore_every, self.settings.first_explore << state.explored)
 
     def _probe_every(self, bucket: int) -> int:
         """Steps at k = 0 between two probes: a probe step at the smallest k costs
@@ -177,7 +192,7 @@ class AdaptiveK:
         attempts, not by samples: a k whose bursts keep falling on steps that prefilled still
         takes its turn, and the others theirs)."""
         others = [k for k in self.ks if k != current]
-        return min(others, key=lambda k: (self.burst_at.get((bucket, k), -1), -k))
+        return min(others, key=lambda k: (self.burst_at.get((bucket, k), -1), k))
 
     def _decide(self, bucket: int, state: BucketState) -> None:
         """Switch to the best-scoring k if it beats the current one by the hysteresis (or the

@@ -207,6 +207,11 @@ class StepCosts:
         cell.append((step, seconds))
         self._medians.pop((bucket, k), None)
 
+    def forget(self, bucket: int, k: int) -> None:
+        """Drop the cell's samples (a burst is about to measure it again)."""
+        self.cells.pop((bucket, k), None)
+        self._medians.pop((bucket, k), None)
+
     def samples(self, bucket: int, k: int, now: int | None = None) -> int:
         return len(self._fresh(bucket, k, now))
 
