@@ -78,7 +78,8 @@ class BucketState:
     dwell: int = 0
     since_burst: int = 0
     since_probe: int = 0
-    explored: int = 0  # bursts at a k not chosen so far
+    explored: int = 0  # bursts at a k not chosen so far (counted up to the longest interval)
+    first_bursts_end: int = 0  # the step after the bucket's first bursts
     switches: int = 0
     decision_due: bool = False
 
@@ -111,7 +112,7 @@ class AdaptiveK:
         self.acceptance = AcceptanceByPosition(settings.max_k, settings.acceptance_half_life)
         self.costs = StepCosts(settings.cost_window, settings.max_sample_age)
         self.burst_at: dict[tuple[int, int], int] = {}  # (bucket, k) -> step its last burst began
-        self.remeasured: set[tuple[int, int]] = set()  # (bucket, k) measured again since its first
+        self.remeasured: set[tuple[int, int]] = set()  # (bucket, k) burst at again since its first
         self.buckets: dict[int, BucketState] = {}
         self.step = 0
         self.steps_at_k: collections.Counter = collections.Counter()
@@ -124,8 +125,9 @@ class AdaptiveK:
         bucket = batch_bucket(batch_size)
         state = self.buckets.get(bucket)
         if state is None:
-            state = self.buckets[bucket] = BucketState(k=max(self.ks),
-                                                       plan=self._first_bursts(bucket))
+            plan = self._first_bursts(bucket)
+            state = self.buckets[bucket] = BucketState(k=max(self.ks), plan=plan,
+                                                       first_bursts_end=self.step + len(plan))
         if not state.plan:
             state.since_burst += 1
             # Decide once a burst has ended (with one step in flight its last step is observed
@@ -135,12 +137,13 @@ class AdaptiveK:
                 self._decide(bucket, state)
             if state.since_burst >= self._explore_interval(state) and len(self.ks) > 1:
                 state.since_burst = 0
-                state.explored += 1
+                if self.settings.first_explore << state.explored < self.settings.explore_every:
+                    state.explored += 1
                 other = self._stalest_other_k(bucket, state.k)
                 self.burst_at[(bucket, other)] = self.step
                 if (bucket, other) not in self.remeasured:  # the first burst ran on a cold engine
                     self.remeasured.add((bucket, other))
-                    self.costs.forget(bucket, other)
+                    self.costs.expire(bucket, other, before=state.first_bursts_end)
                 state.plan.extend([other] * self.settings.burst)
             elif state.k == 0 and not state.plan and max(self.ks) > 0:
                 state.since_probe += 1
@@ -161,7 +164,8 @@ class AdaptiveK:
         doubling at every burst up to ``explore_every``. The first samples of a k are few and may
         fall on a new engine's first steps (kernels met for the first time) or on a slow stretch
         of the machine; each k is measured again within some tens of steps, not hundreds."""
-        return min(self.settings.explore_every, self.settings.first_explore << state.explored)
+        return min(self.settings.explore_every,
+                   max(1, self.settings.first_explore) << state.explored)
 
     def _probe_every(self, bucket: int) -> int:
         """Steps at k = 0 between two probes: a probe step at the smallest k costs

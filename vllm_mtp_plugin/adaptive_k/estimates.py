@@ -201,16 +201,22 @@ class StepCosts:
         # (bucket, k) -> (median, the last step it holds at): asked at every step for every k,
         # a cell's median changes only when it gains a sample or one ages out
         self._medians: dict[tuple[int, int], tuple[float | None, int | None]] = {}
+        self._expiring: dict[tuple[int, int], int] = {}  # (bucket, k) -> drop samples before
 
     def observe(self, bucket: int, k: int, seconds: float, step: int) -> None:
         cell = self.cells.setdefault((bucket, k), collections.deque(maxlen=self.window))
+        before = self._expiring.pop((bucket, k), None)
+        if before is not None:
+            kept = [(s, v) for s, v in cell if s >= before]
+            cell.clear()
+            cell.extend(kept)
         cell.append((step, seconds))
         self._medians.pop((bucket, k), None)
 
-    def forget(self, bucket: int, k: int) -> None:
-        """Drop the cell's samples (a burst is about to measure it again)."""
-        self.cells.pop((bucket, k), None)
-        self._medians.pop((bucket, k), None)
+    def expire(self, bucket: int, k: int, before: int) -> None:
+        """Drop the cell's samples of steps before ``before`` once it gains a new sample (until
+        then its cost stands as it is: a burst that falls on prefills leaves it measured)."""
+        self._expiring[(bucket, k)] = before
 
     def samples(self, bucket: int, k: int, now: int | None = None) -> int:
         return len(self._fresh(bucket, k, now))

@@ -246,7 +246,8 @@ def test_at_k0_probes_show_acceptance_coming_back():
     for seed in range(3):
         steps, low, controller = recovery_steps(0.01, seed)
         every = controller._probe_every(1)
-        assert 30 <= every <= 40  # (1.5 - 1.1 ms) / (0.01 * 1.1 ms) = 37 steps, both measured
+        assert 30 <= every <= 45  # (1.5 - 1.1 ms) / (0.01 * 1.1 ms) = 37 steps, both measured
+        # (medians of a few steps 10 % noisy each: their difference is known to some 15 %)
         steady = "".join(map(str, low[100:]))  # k = 0 served, single probe steps between
         probes = steady.count("010")
         assert steady.count("0") > 0.95 * len(steady), steady
@@ -390,3 +391,15 @@ def test_binomial_tail():
         side = range(0, accepted + 1) if accepted < n * p else range(accepted, n + 1)
         exact = sum(math.comb(n, x) * p ** x * (1 - p) ** (n - x) for x in side)
         assert binomial_tail(accepted, n, p) == pytest.approx(exact, rel=1e-6)
+
+
+def test_a_first_bursts_cost_expires_only_when_measured_again():
+    """``StepCosts.expire``: the samples before a step go once the cell gains a new one (a burst
+    that fell on prefills leaves the old cost standing); samples after it stay."""
+    costs = StepCosts(window=8)
+    for step, seconds in ((1, 9.0), (2, 9.0), (20, 3.0)):
+        costs.observe(1, 0, seconds, step)
+    costs.expire(1, 0, before=10)
+    assert costs.median(1, 0) == 9.0 and costs.samples(1, 0) == 3  # nothing new yet
+    costs.observe(1, 0, 3.2, 40)
+    assert costs.samples(1, 0) == 2 and costs.median(1, 0) == 3.1

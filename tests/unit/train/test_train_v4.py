@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from support import paths
 
 from vllm_mtp_plugin.tools.mtp_layer import transformers_v4_layer as reference
@@ -65,12 +65,20 @@ def test_a_short_run_writes_a_servable_checkpoint(noisy, tmp_path, capsys):
 def test_what_v4_does_not_take_yet_is_refused_by_name(noisy, tmp_path, capsys):
     fp8 = build_checkpoint(tmp_path / "fp8", "noisy")
     bare = build_checkpoint(tmp_path / "bare", "noisy", quantization=None, without_mtp=True)
+    headless = build_checkpoint(tmp_path / "headless", "noisy", quantization=None)
+    tensors = load_file(str(headless / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if k != "head.weight"},
+              str(headless / "model.safetensors"))
+    target, _ = reference.load_reference(noisy, 0, torch.float32)
+    data = _recorded(tmp_path / "data", target, [torch.arange(2, 20)] * 4)
     cases = [
         ([str(noisy), "--train-only", "router"], "--train-only: not available for DeepSeek-V4"),
         ([str(noisy), "--depth", "2"], "--depth 2: not available for DeepSeek-V4"),
         ([str(noisy), "--init", "last-layer"], "--init last-layer: not available"),
         ([str(fp8)], "a quantized DeepSeek-V4 checkpoint; collecting from prompts"),
         ([str(bare), "--init", "checkpoint"], "has no mtp.0.* tensors"),
+        ([str(headless), "--data", str(data)], "the target's lm_head.weight not found in its "
+                                               "*.safetensors"),
     ]
     for i, (argv, message) in enumerate(cases):
         assert cli.main([*argv, "--out", str(tmp_path / f"out{i}"), "--quiet"]) == 2
@@ -97,6 +105,15 @@ def test_memory_plan_of_a_full_size_deepseek_v4_flash_layer(tmp_path, capsys):
     assert "8 GPU(s), fsdp" in text and "MTP layer: 6.61 B parameters" in text
     assert cli.main([str(target), "--memory-plan", "--train-only", "router"]) == 2
     assert "a DeepSeek-V4 layer is trained whole" in capsys.readouterr().out
+    short = dict(config, compress_ratios=config["compress_ratios"][:43])  # none for the MTP block
+    (target / "config.json").write_text(json.dumps(short))
+    assert cli.main([str(target), "--memory-plan"]) == 2
+    assert (f"{target}/config.json: compress_ratios has 43 entries, none for the MTP block at "
+            "layer 43") in capsys.readouterr().out
+    (target / "config.json").write_text(json.dumps({k: v for k, v in config.items()
+                                                    if k != "vocab_size"}))
+    assert cli.main([str(target), "--memory-plan"]) == 2
+    assert "config.json: no 'vocab_size' field" in capsys.readouterr().out
 
 
 def _recorded(directory, target, sequences, states=None):

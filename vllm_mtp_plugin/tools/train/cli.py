@@ -234,7 +234,13 @@ def _v4_memory_plan(args) -> int:
         raise TrainInputError("--train-only: a DeepSeek-V4 layer is trained whole; the plan "
                               "counts every parameter.")
     config = json.loads((Path(args.target) / "config.json").read_text())
-    plan = v4_memory_plan(config, gpus=args.nproc, sharding=args.sharding)
+    source = f"{args.target}/config.json"
+    try:
+        plan = v4_memory_plan(config, gpus=args.nproc, sharding=args.sharding, source=source)
+    except KeyError as exc:
+        raise TrainInputError(f"{source}: no {exc} field, which the plan needs") from None
+    except ValueError as exc:
+        raise TrainInputError(str(exc)) from None
     print(f"{args.target}, {args.nproc} GPU(s), {args.sharding}:\n{plan.describe()}")
     return 0
 

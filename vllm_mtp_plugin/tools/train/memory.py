@@ -107,7 +107,7 @@ def _per_gpu(total: int, trained: int, gpus: int, sharding: str, hidden: int, vo
 
 
 def v4_memory_plan(config_json: dict, gpus: int = 8, sharding: str = "fsdp",
-                   tokens_per_gpu: int = 8192) -> MemoryPlan:
+                   tokens_per_gpu: int = 8192, source: str = "config") -> MemoryPlan:
     """The plan for a DeepSeek-V4 target's ``mtp.0`` (every parameter trained), and what the
     frozen target its trainer runs weighs."""
     from ..mtp_layer import transformers_v4_layer as reference
@@ -115,12 +115,12 @@ def v4_memory_plan(config_json: dict, gpus: int = 8, sharding: str = "fsdp",
     raw = {k: v for k, v in config_json.items() if k != "quantization_config"}  # meta: no dtype
     index = int(raw["num_hidden_layers"])
     with torch.device("meta"):
-        layer = reference.V4MtpLayer(reference.config_for_block(raw, index), index)
+        layer = reference.V4MtpLayer(reference.config_for_block(raw, index, source), index)
         target = _v4_target_on_meta(raw)
     total = sum(p.numel() for p in layer.parameters())
     target_total = sum(p.numel() for p in target.parameters())
     hidden, vocab, streams = raw["hidden_size"], raw["vocab_size"], int(raw.get("hc_mult", 1))
-    attention = raw["num_attention_heads"] * raw["head_dim"]
+    attention = raw["num_attention_heads"] * raw.get("head_dim", target.config.head_dim)
     per_token = 4 * (12 * streams * hidden + 3 * attention + 3 * _experts_width(raw)) + 12 * vocab
     plan = _per_gpu(total, total, gpus, sharding, hidden, vocab, per_token * tokens_per_gpu)
     notes = [f"the frozen target whose forward gives the layer its inputs: "

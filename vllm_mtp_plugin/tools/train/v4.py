@@ -99,9 +99,12 @@ def open_v4_target(model_dir: Path, init: str, blocks: bool = True):
     if init == "checkpoint" and not has_layer:
         raise TrainInputError(f"--init checkpoint: {model_dir} has no mtp.0.* tensors; use "
                               "--init scratch (or auto).")
-    target = reference.load_target(model_dir, torch.float32, blocks=blocks)
-    if has_layer and init in ("auto", "checkpoint"):
-        return target, reference.load_layer(model_dir, target.config, 0, torch.float32), config
+    try:
+        target = reference.load_target(model_dir, torch.float32, blocks=blocks)
+        if has_layer and init in ("auto", "checkpoint"):
+            return target, reference.load_layer(model_dir, target.config, 0, torch.float32), config
+    except (ValueError, KeyError) as exc:  # the reference names the file and tensor
+        raise TrainInputError(str(exc).strip("'\"")) from None
     index = target.config.num_hidden_layers
     unquantized = {k: v for k, v in config.items() if k != "quantization_config"}
     block = reference.config_for_block(unquantized, index, f"{model_dir}/config.json")
