@@ -23,6 +23,15 @@ class TargetCheckpointError(ValueError):
     """A checkpoint directory that cannot be read; the message names the file and what to do."""
 
 
+def model_type(model_dir: Path) -> str | None:
+    """config.json's model_type, or None where it cannot be read (the tool that opens the
+    checkpoint then says why)."""
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
 def read_config(model_dir: Path) -> dict:
     """``model_dir/config.json`` as a dict, or ``TargetCheckpointError`` saying what is wrong."""
     path = model_dir / "config.json"

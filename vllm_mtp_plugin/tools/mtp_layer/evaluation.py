@@ -42,7 +42,9 @@ def evaluate(model_dir: Path, data_dir: Path, depth: int, unroll: str,
     from .trainable import MtpTrainModel
     from .v3_target import open_target
 
-    if _model_type(model_dir) == "deepseek_v4":
+    from ..checkpoint.target import model_type
+
+    if model_type(model_dir) == "deepseek_v4":
         from .evaluation_v4 import evaluate_v4
 
         return evaluate_v4(model_dir, data_dir, depth, temperature, by_sequence)
@@ -83,12 +85,3 @@ def expected_tokens_per_step(accepted_by_k: list[float | None]) -> list[float | 
         total = total + share if share is not None and not math.isnan(share) else float("nan")
         out.append(None if math.isnan(total) else total)
     return out
-
-
-def _model_type(model_dir: Path) -> str | None:
-    import json
-
-    try:
-        return json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError):
-        return None  # open_target says why

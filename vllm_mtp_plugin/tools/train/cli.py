@@ -25,7 +25,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from ..checkpoint.target import TargetCheckpoint, TargetCheckpointError
+from ..checkpoint.target import TargetCheckpoint, TargetCheckpointError, model_type
 from ..state_collection import CollectJob, CollectSettings
 from ..job_files import write_job
 from ..mtp_layer.trainable import INITS, PARAMETER_GROUPS, UNROLLS
@@ -219,14 +219,6 @@ def _prompts_path(args) -> Path:
         resources.files("vllm_mtp_plugin.tools").joinpath(DEFAULT_PROMPTS)))
 
 
-def _model_type(model_dir: Path) -> str | None:
-    """config.json's model_type, or None where it cannot be read (``open_target`` says why)."""
-    try:
-        return json.loads((model_dir / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError):
-        return None
-
-
 def _v4_memory_plan(args) -> int:
     from .memory import v4_memory_plan
 
@@ -260,7 +252,7 @@ def _run(args) -> int:
     from .run import history, trained_layers
     from .trainer import plot
 
-    if _model_type(Path(args.target)) == "deepseek_v4":
+    if model_type(Path(args.target)) == "deepseek_v4":
         from .v4 import run_v4
 
         if args.memory_plan:
