@@ -33,3 +33,23 @@ def test_the_implementations_picture_is_named_for_what_it_compares():
     assert implementations_picture(["plugin", "adaptive"]) == (
         "by_implementation.png", "Output tokens/s by implementation: plugin, adaptive")
     assert implementations_picture(["plugin", "in-tree", "adaptive"])[0] == "by_implementation.png"
+
+
+def test_adaptive_rows_only_up_to_the_named_k():
+    configs = Sweep(checkpoints=["x"], impls=["plugin", "adaptive"], ks=[0, 1, 2, 3],
+                    floor=False, adaptive_ks=[3]).configs()
+    assert [(c.impl, c.k) for c in configs] == [("plugin", 0), ("plugin", 1), ("plugin", 2),
+                                                ("plugin", 3), ("adaptive", 3)]
+
+
+def test_an_adaptive_k_outside_the_sweep_is_refused_by_the_command(capsys):
+    import pytest
+
+    from vllm_mtp_plugin.tools.bench.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["offline", "-k", "0", "3", "--impl", "plugin", "adaptive", "--adaptive-k", "2"])
+    assert str(exc.value) == "vllm-mtp bench: adaptive_ks [2] must name k > 0 of ks [0, 3]"
+    with pytest.raises(SystemExit) as exc:
+        main(["offline", "-k", "0", "-1"])
+    assert "k must be >= 0" in str(exc.value)

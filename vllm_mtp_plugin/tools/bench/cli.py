@@ -47,6 +47,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "chosen per step, up to each -k (VLLM_MTP_ADAPTIVE_K=1; no k = 0 row)")
     p.add_argument("-k", "--num-speculative-tokens", nargs="+", type=int, default=[0, 1, 2, 3],
                    dest="ks", help="0 = no speculation (the speed-up baseline)")
+    p.add_argument("--adaptive-k", nargs="+", type=int, dest="adaptive_ks", metavar="K",
+                   help="with --impl adaptive: its rows only up to these k of -k (default: an "
+                        "adaptive row up to each -k above 0)")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1],
                    help="requests in flight (serve) / max_num_seqs (offline)")
     p.add_argument("--prompts", metavar="FILE", help="plain text (a prompt per line), JSONL of "
@@ -153,21 +156,24 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     checkpoint_args = args.checkpoints or [DEFAULT_CHECKPOINT]
-    sweep = Sweep(mode=args.mode, checkpoints=checkpoint_args,
-                  impls=args.impl, ks=args.ks, concurrencies=args.concurrency,
-                  temperatures=args.temperatures, by_kind=not args.no_split_kinds,
-                  mla_verify=args.mla_verify, draft_sample_methods=args.draft_sample_methods,
-                  rejection_sample_methods=args.rejection_sample_methods,
-                  # the floor is read against k = 0: without it there is nothing to derive
-                  floor=args.mode == "offline" and not args.no_floor and any(args.ks)
-                  and 0 in args.ks,
-                  eager=args.enforce_eager,
-                  prompts=args.prompts or default_prompts(checkpoint_args), num_prompts=args.num_prompts, max_tokens=args.max_tokens,
-                  warmup=args.warmup, repeats=args.repeats, processes=args.processes,
-                  max_model_len=args.max_model_len,
-                  dtype=args.dtype, seed=args.seed, cache_dir=args.cache_dir,
-                  base_url=args.base_url, cross_check=args.cross_check, timeout=args.timeout,
-                  disturbed_retries=args.disturbed_retries)
+    try:
+        sweep = Sweep(mode=args.mode, checkpoints=checkpoint_args,
+                      impls=args.impl, ks=args.ks, concurrencies=args.concurrency,
+                      temperatures=args.temperatures, by_kind=not args.no_split_kinds,
+                      mla_verify=args.mla_verify, draft_sample_methods=args.draft_sample_methods,
+                      rejection_sample_methods=args.rejection_sample_methods,
+                      # the floor is read against k = 0: without it there is nothing to derive
+                      floor=args.mode == "offline" and not args.no_floor and any(args.ks)
+                      and 0 in args.ks,
+                      eager=args.enforce_eager,
+                      prompts=args.prompts or default_prompts(checkpoint_args), num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+                      warmup=args.warmup, repeats=args.repeats, processes=args.processes,
+                      max_model_len=args.max_model_len,
+                      dtype=args.dtype, seed=args.seed, cache_dir=args.cache_dir,
+                      base_url=args.base_url, cross_check=args.cross_check, timeout=args.timeout,
+                      disturbed_retries=args.disturbed_retries, adaptive_ks=args.adaptive_ks)
+    except ValueError as exc:  # -k, --concurrency, --adaptive-k ... that cannot be swept
+        raise SystemExit(f"vllm-mtp bench: {exc}") from None
     if sweep.base_url and sweep.mode != "serve":
         raise SystemExit("--base-url needs serve mode")
     out, logs = args.out, args.log_dir or args.out / "logs"

@@ -121,6 +121,8 @@ class Sweep:
     impls_for: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     # Offline: how often an engine process that other work disturbed is run again.
     disturbed_retries: int = 2
+    # The largest k of the adaptive rows (None: an adaptive row up to each k > 0 of ``ks``).
+    adaptive_ks: list[int] | None = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -133,6 +135,9 @@ class Sweep:
             raise ValueError("temperatures must be >= 0")
         if not self.mla_verify or set(self.mla_verify) - {"on", "off"}:
             raise ValueError("mla_verify takes 'on' and/or 'off'")
+        if self.adaptive_ks is not None and (
+                not self.adaptive_ks or set(self.adaptive_ks) - set(self.ks) or 0 in self.adaptive_ks):
+            raise ValueError(f"adaptive_ks {self.adaptive_ks} must name k > 0 of ks {self.ks}")
         for name, values, choices in (
                 ("draft_sample_methods", self.draft_sample_methods, DRAFT_SAMPLE_METHODS),
                 ("rejection_sample_methods", self.rejection_sample_methods,
@@ -179,7 +184,8 @@ class Sweep:
                        self.draft_sample_methods, self.rejection_sample_methods)
                    if impl in self.impls_for.get(ckpt, self.impls)
                    and (k or (verify, draft, rejection) == first)
-                   and (k or impl != "adaptive")]  # adaptive k = 0 is k = 0
+                   and (k or impl != "adaptive")  # adaptive k = 0 is k = 0
+                   and (impl != "adaptive" or self.adaptive_ks is None or k in self.adaptive_ks)]
         if not self.floor:
             return configs
         measured = {(c.checkpoint, c.concurrency) for c in configs  # full batches throughout
