@@ -5,15 +5,14 @@
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 from support.train_fixtures import data, models, settings  # noqa: F401  (fixtures, by name)
 
 from vllm_mtp_plugin.tools.job_files import write_job
 from vllm_mtp_plugin.tools.mtp_layer.trainable import MtpTrainModel
-from vllm_mtp_plugin.tools.train.run import LAYERS_FILE, TrainJob, run_training, trained_layers
+from vllm_mtp_plugin.tools.train.run import (LAYERS_FILE, TrainJob, run_training, torchrun,
+                                              trained_layers)
 from vllm_mtp_plugin.tools.mtp_layer.v3_target import open_target
 
 pytestmark = pytest.mark.engine  # starts a process that runs the package's tools (the engine marker)
@@ -31,11 +30,8 @@ def test_world_size_two_matches_one_process(models, data, tmp_path, sharding):
     two = tmp_path / "two"
     two.mkdir()
     write_job(dataclasses.replace(job, work_dir=str(two)), two / "spec.json")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", "-m", "vllm_mtp_plugin.tools.train.run",
-                           str(two / "spec.json")], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = torchrun("vllm_mtp_plugin.tools.train.run", two / "spec.json", 2, capture_output=True, text=True, timeout=600,
+                    env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert (two / LAYERS_FILE).exists()
     a, b = trained_layers(one), trained_layers(two)

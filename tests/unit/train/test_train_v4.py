@@ -13,7 +13,7 @@ from support import paths
 from vllm_mtp_plugin.tools.mtp_layer import transformers_v4_layer as reference
 from vllm_mtp_plugin.tools.tiny.v4 import build_checkpoint, encode
 from vllm_mtp_plugin.tools.mtp_layer.shard_format import write_shard
-from vllm_mtp_plugin.tools.train import cli, v4
+from vllm_mtp_plugin.tools.train import cli, v4, v4_data, v4_loop
 from vllm_mtp_plugin.tools.train.memory import v4_memory_plan
 
 pytest.importorskip("transformers.models.deepseek_v4")
@@ -75,6 +75,8 @@ def test_what_v4_does_not_take_yet_is_refused_by_name(noisy, tmp_path, capsys):
         ([str(noisy), "--train-only", "router"], "--train-only: not available for DeepSeek-V4"),
         ([str(noisy), "--depth", "2"], "--depth 2: not available for DeepSeek-V4"),
         ([str(noisy), "--init", "last-layer"], "--init last-layer: not available"),
+        ([str(noisy), "--data", str(data), "--nproc", "3", "--batch-size", "4"],
+         "--batch-size 4 is not a multiple of --nproc 3"),
         ([str(fp8)], "a quantized DeepSeek-V4 checkpoint; collecting from prompts"),
         ([str(bare), "--init", "checkpoint"], "has no mtp.0.* tensors"),
         ([str(headless), "--data", str(data)], "the target's lm_head.weight not found in its "
@@ -118,7 +120,7 @@ def test_memory_plan_of_a_full_size_deepseek_v4_flash_layer(tmp_path, capsys):
 
 def _recorded(directory, target, sequences, states=None):
     """Shards as a recording writes them (tokens T + 1, states T, flattened streams)."""
-    states = states or [s for _, s in v4.target_states(target, sequences)]
+    states = states or [s for _, s in v4_data.target_states(target, sequences)]
     directory.mkdir()
     write_shard(directory / "shard-00000.safetensors", [ids[:-1].tolist() for ids in sequences],
                 [int(ids[-1]) for ids in sequences], [s[:-1].flatten(1) for s in states],
@@ -134,9 +136,9 @@ def test_the_targets_distribution_from_its_states_is_its_forwards(noisy):
     with torch.no_grad(), reference.residual_before_hc_head(target) as caught:
         logits = target(ids, use_cache=False).logits.float()
     assert torch.allclose(reference.target_logits(target, caught["hidden"]), logits, atol=1e-5)
-    states = [s for _, s in v4.target_states(target, list(ids))]
+    states = [s for _, s in v4_data.target_states(target, list(ids))]
     assert states[0].shape == (20, 4, 256) and states[0].dtype == torch.bfloat16
-    loss, agreement = v4.batch_loss(target, layer, ids, torch.stack(states), "kl")
+    loss, agreement = v4_loop.batch_loss(target, layer, ids, torch.stack(states), "kl")
     assert loss.item() > 0 and 0 <= agreement.item() <= 1
 
 
@@ -147,10 +149,10 @@ def test_training_from_recorded_shards(noisy, tmp_path, capsys):
     target, _ = reference.load_reference(noisy, 0, torch.float32)
     generator = torch.Generator().manual_seed(1)
     sequences = [torch.randint(0, 2048, (n,), generator=generator) for n in [24, 30] * 6]
-    collected = v4.target_states(target, sequences)
+    collected = v4_data.target_states(target, sequences)
     data = _recorded(tmp_path / "data", target, sequences, [s for _, s in collected])
     config = json.loads((noisy / "config.json").read_text())
-    read = v4.recorded_sequences(data, config)
+    read = v4_data.recorded_sequences(data, config)
     assert len(read) == 12
     for (ids, states), (want_ids, want_states) in zip(read, collected):
         assert torch.equal(ids, want_ids) and torch.equal(states, want_states[:-1])
@@ -188,7 +190,7 @@ def test_a_quantized_target_trains_from_recorded_states_and_keeps_its_format(noi
     config = json.loads((fp8 / "config.json").read_text())
     stored = {k: v for k, v in load_file(str(fp8 / "model.safetensors")).items()
               if k.startswith("mtp.0.")}
-    ends, layer, _ = v4.open_v4_target(fp8, "auto", blocks=False)
+    ends, layer, _ = v4_data.open_v4_target(fp8, "auto", blocks=False)
     v4.export(fp8, layer, config, tmp_path / "untrained")
     again = load_file(str(tmp_path / "untrained" / v4.LAYER_SHARD))
     assert {n: t.dtype for n, t in again.items()} == {n: t.dtype for n, t in stored.items()}

@@ -123,7 +123,7 @@ def parser() -> argparse.ArgumentParser:
                    help="training processes (torchrun; gloo on CPU, NCCL on GPUs)")
     p.add_argument("--sharding", default="ddp", choices=("ddp", "fsdp"),
                    help="with --nproc > 1: DDP replicas, or FSDP2 fully_shard per layer (needed "
-                        "for a full-size DeepSeek-V3 layer; see --memory-plan)")
+                        "for a full-size DeepSeek-V3 or V4 layer; see --memory-plan)")
     p.add_argument("--dtype", default="auto",
                    help="dtype of the collecting engine (vLLM's --dtype)")
     p.add_argument("--copy", action="store_true",
@@ -192,7 +192,7 @@ def _recorded(args, target: TargetCheckpoint) -> tuple[int, int]:
 
 
 def _train(args, settings: TrainSettings, work: Path) -> None:
-    from .run import TrainJob, run_training
+    from .run import TrainJob, run_training, torchrun
 
     data = Path(args.data) if args.data else work / "data"
     job = TrainJob(target=str(Path(args.target)), data_dir=str(data), work_dir=str(work),
@@ -206,9 +206,7 @@ def _train(args, settings: TrainSettings, work: Path) -> None:
         run_training(job, progress=not args.quiet)
         return
     write_job(job, work / "train.json")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc-per-node={args.nproc}", "-m",
-                           "vllm_mtp_plugin.tools.train.run", str(work / "train.json")])
+    done = torchrun("vllm_mtp_plugin.tools.train.run", work / "train.json", args.nproc)
     if done.returncode != 0:
         raise SystemExit(f"vllm-mtp train: training failed (exit {done.returncode}); re-run to "
                          f"resume from {work}.")
@@ -262,7 +260,8 @@ def _run(args) -> int:
         if Path(args.out).exists() and any(Path(args.out).iterdir()):
             raise TrainInputError(f"--out {args.out} exists and is not empty; give a new "
                                   "directory.")
-        return run_v4(args, _prompts_path(args))
+        return run_v4(args, _prompts_path(args),
+                      Path(args.work_dir) if args.work_dir else default_work_dir(Path(args.out)))
     target = open_target(args.target)
     groups = tuple(args.train_only.split(",")) if args.train_only else None
     unknown = [g for g in groups or () if g not in PARAMETER_GROUPS]

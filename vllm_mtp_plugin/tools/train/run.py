@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +26,13 @@ from .trainer import (BEST_LAYERS, TrainSettings, load_state, save_history, trai
 
 LAYERS_FILE = "trained-layers.safetensors"
 HISTORY_FILE = "history.json"
+
+
+def torchrun(module: str, job_file: Path, nproc: int, **run_kwargs) -> subprocess.CompletedProcess:
+    """``module``'s ``__main__`` on ``job_file`` as ``nproc`` ranks of ``torchrun`` (one host)."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={nproc}", "-m", module, str(job_file)],
+                          **run_kwargs)
 
 
 def _init_distributed() -> bool:

@@ -1,0 +1,78 @@
+"""``vllm-mtp train --nproc N`` on a DeepSeek-V4 target: each rank of ``torchrun``.
+
+``python -m torch.distributed.run --nproc-per-node N -m vllm_mtp_plugin.tools.train.v4_ranks JOB``
+starts N ranks (gloo on CPU, NCCL on GPUs). Each reads the target without its blocks and the
+states in ``data_dir`` (recorded while vLLM served, or written by the collection from prompts),
+trains ``mtp.0`` with DDP or FSDP2 (``v4.train_ranks``), and rank 0 writes the layer of the best
+held-out step (``LAYER_FILE``, transformers' module names) and the history into ``work_dir``;
+``vllm-mtp train`` then exports it in the target's format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from .v4_loop import V4TrainSettings
+
+LAYER_FILE = "trained-v4-layer.safetensors"
+HISTORY_FILE = "history.json"
+
+
+@dataclasses.dataclass
+class V4TrainJob:
+    """One V4 training run, as ``vllm-mtp train`` hands it to ``torchrun``'s ranks."""
+
+    target: str  # the target's checkpoint directory
+    data_dir: str  # shards of states (``shard_format.py``)
+    work_dir: str  # the trained layer and its history
+    settings: V4TrainSettings
+    sharding: str = "ddp"
+
+
+def run_ranks(job: V4TrainJob, progress: bool = True) -> None:
+    from safetensors.torch import save_file
+
+    from .run import _init_distributed
+    from .v4_data import open_v4_target, recorded_sequences
+    from .v4_loop import train_ranks
+
+    distributed = _init_distributed()
+    try:
+        config = json.loads((Path(job.target) / "config.json").read_text())
+        sequences = recorded_sequences(Path(job.data_dir), config)
+        target, layer, _ = open_v4_target(Path(job.target), job.settings.init, blocks=False)
+        if torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+            target.to(device)
+            layer.to(device)
+            sequences = [(ids.to(device), states.to(device)) for ids, states in sequences]
+        history, best = train_ranks(target, layer, sequences, job.settings, progress,
+                                    job.sharding)
+        if not distributed or torch.distributed.get_rank() == 0:
+            work = Path(job.work_dir)
+            save_file({name: t.contiguous() for name, t in best.items()}, str(work / LAYER_FILE))
+            (work / HISTORY_FILE).write_text(json.dumps(history))
+    finally:
+        if distributed:
+            torch.distributed.destroy_process_group()
+
+
+def trained_layer(work_dir: Path, target, layer) -> dict:
+    """``layer`` (built as the ranks built theirs) with the tensors rank 0 wrote, and the
+    history."""
+    from safetensors.torch import load_file
+
+    layer.load_state_dict(load_file(str(Path(work_dir) / LAYER_FILE)))
+    layer.eval()
+    return json.loads((Path(work_dir) / HISTORY_FILE).read_text())
+
+
+if __name__ == "__main__":
+    from ..job_files import read_job
+
+    run_ranks(read_job(V4TrainJob, sys.argv[1]))
