@@ -45,7 +45,7 @@ def batch_loss(target, layer, ids: torch.Tensor, hidden: torch.Tensor, loss: str
     with torch.no_grad():
         teacher = reference.target_logits(target, hidden[:, 1:ids.shape[1] - 1])
     batch, length = ids.shape
-    positions = torch.arange(length - 2).expand(batch, -1)
+    positions = torch.arange(length - 2, device=ids.device).expand(batch, -1)
     logits = (drafting or LayerLogits(target, layer))(hidden[:, :length - 2], ids[:, 1:-1],
                                                        positions).float()
     if loss == "kl":
@@ -128,6 +128,7 @@ def train_ranks(target, layer, sequences: list[Sequence], settings: V4TrainSetti
         p.requires_grad_(False)
     for p in layer.parameters():
         p.requires_grad_(True)
+    device = next(layer.parameters()).device
     drafting = wrap_layer(LayerLogits(target, layer), sharding, world)
     params = list(layer.parameters())  # after sharding: FSDP2's shards
     steps = settings.steps or max(1, math.ceil(settings.epochs * len(train) / settings.batch_size))
@@ -145,9 +146,9 @@ def train_ranks(target, layer, sequences: list[Sequence], settings: V4TrainSetti
                      unit="step"):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, schedule, steps)
-        ids, states = next(data)
-        value, _ = batch_loss(target, layer, ids[rank::world], states[rank::world],
-                              settings.loss, drafting)
+        ids, states = next(data)  # the states stay on the host; a rank's share goes over
+        value, _ = batch_loss(target, layer, ids[rank::world].to(device),
+                              states[rank::world].to(device), settings.loss, drafting)
         optimizer.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -211,8 +212,10 @@ def layer_state(layer) -> dict[str, torch.Tensor]:
 def evaluate(target, layer, held: list[Sequence], loss: str) -> dict:
     layer.eval()
     values, agreements = [], []
+    device = target.lm_head.weight.device
     for ids, states in held:
-        value, agreement = batch_loss(target, layer, ids[None], states[None], loss)
+        value, agreement = batch_loss(target, layer, ids[None].to(device),
+                                      states[None].to(device), loss)
         values.append(value.item())
         agreements.append(agreement.item())
     return {"loss": sum(values) / len(values), "agreement": sum(agreements) / len(agreements)}

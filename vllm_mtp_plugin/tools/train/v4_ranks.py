@@ -49,8 +49,7 @@ def run_ranks(job: V4TrainJob, progress: bool = True) -> None:
         if torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
             target.to(device)
-            layer.to(device)
-            sequences = [(ids.to(device), states.to(device)) for ids, states in sequences]
+            layer.to(device)  # the states stay on the host: each step moves its batch
         history, best = train_ranks(target, layer, sequences, job.settings, progress,
                                     job.sharding)
         if not distributed or torch.distributed.get_rank() == 0:
