@@ -71,27 +71,44 @@ def shift_ratio(rerun: bool = False) -> str:
 
 
 def steady_table(relative: str = STEADY) -> str:
-    """Per prompt kind and temperature: each speculative arm's output tokens per second against
-    k = 0 (no speculation) of the same engine run, with the range over engine processes."""
+    """Per prompt kind, temperature and concurrency: each fixed k's and adaptive's output tokens
+    per second against k = 0 (no speculation) of the same run, with the range over engine
+    processes, and adaptive against the best fixed configuration of its cell (k = 0 included)."""
+    fixed_ks = sorted({r["k"] for r in bench_rows(relative, impl="plugin")} - {0})
+    largest = max(r["k"] for r in bench_rows(relative, impl="adaptive"))
     rows = []
     for base in bench_rows(relative, k=0, floor_only=False):
+        cell = {"prompts": base["prompts"], "temperature": base["temperature"],
+                "concurrency": base["concurrency"]}
+        arms = {}
+        for impl in ("plugin", "adaptive"):
+            for r in bench_rows(relative, impl=impl, **cell):
+                if r["k"] and arms.setdefault((impl, r["k"]), r) is not r:
+                    raise ValueError(f"{relative}: several {impl} k = {r['k']} rows in {cell} "
+                                     "(other draft or verify settings): not a steady-proof run")
         cells = [base["prompts"], f"{base['temperature']:g}", f"{base['concurrency']}",
                  f"{base['output_tok_s']:.0f}"]
-        for impl in ("plugin", "adaptive"):
-            for arm in bench_rows(relative, impl=impl, prompts=base["prompts"],
-                                  temperature=base["temperature"],
-                                  concurrency=base["concurrency"]):
-                if arm["k"] == 0:
-                    continue
-                low, high = (min(arm["output_tok_s_processes"]) / base["output_tok_s"],
-                             max(arm["output_tok_s_processes"]) / base["output_tok_s"])
-                cells.append(f"{arm['speedup']:.2f}× ({low:.2f}–{high:.2f})")
+        for key in [("plugin", k) for k in fixed_ks] + [("adaptive", largest)]:
+            arm = arms.get(key)
+            if arm is None:
+                cells.append("—")
+                continue
+            low, high = (min(arm["output_tok_s_processes"]) / base["output_tok_s"],
+                         max(arm["output_tok_s_processes"]) / base["output_tok_s"])
+            cells.append(f"{arm['speedup']:.2f}× ({low:.2f}–{high:.2f})")
+        adaptive = arms.get(("adaptive", largest))
+        best = max([base] + [arms[("plugin", k)] for k in fixed_ks if ("plugin", k) in arms],
+                   key=lambda r: r["output_tok_s"])
+        cells.append(f"{adaptive['output_tok_s'] / best['output_tok_s']:.2f}× (k = {best['k']})"
+                     if adaptive else "—")
         rows.append(cells)
+    header = ["prompts", "T", "c", "k = 0 tok/s", *(f"k = {k} ÷ k = 0" for k in fixed_ks),
+              f"adaptive (k ≤ {largest}) ÷ k = 0", "adaptive ÷ best fixed"]
     first = bench_rows(relative, impl="adaptive")[0]
-    header = ["prompts", "T", "c", "k = 0 tok/s", f"k = {first['k']} ÷ k = 0",
-              f"adaptive (k ≤ {first['k']}) ÷ k = 0"]
     processes = sorted({r["processes"] for r in bench_rows(relative)})
     return (f"{table(header, rows)}\n\nMedian output tokens per second of "
             f"{'/'.join(map(str, processes))} engine processes per configuration, alternated; "
-            f"the range is over those processes against k = 0's median; speculative rows with "
-            f"{first['draft_sample_method'] or 'greedy'} drafts. {source_line(relative)}")
+            f"the range is over those processes against k = 0's median; the best fixed "
+            f"configuration is the fastest median among k = 0 and the fixed k of the cell; "
+            f"speculative rows with {first['draft_sample_method'] or 'greedy'} drafts. "
+            f"{source_line(relative)}")

@@ -2,6 +2,7 @@
 DDP, and FSDP2 ``fully_shard`` (the full-size path, ``train/memory.py``'s plan). The rest of V4
 training: ``tests/unit/train/test_train_v4.py``."""
 
+import dataclasses
 import json
 import os
 
@@ -46,15 +47,18 @@ def _torchrun(job: V4TrainJob, work):
     return load_file(str(work / LAYER_FILE)), json.loads((work / "history.json").read_text())
 
 
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
-def test_two_ranks_train_the_layer_one_process_trains(noisy_with_data, tmp_path, sharding):
+@pytest.mark.parametrize("sharding, init", [("ddp", "checkpoint"), ("fsdp", "scratch")])
+def test_two_ranks_train_the_layer_one_process_trains(noisy_with_data, tmp_path, sharding, init):
+    """A new layer (``scratch``) is drawn from the seed: FSDP2 does not broadcast rank 0's
+    weights, each rank shards the layer it drew itself."""
     model, data = noisy_with_data
     config = json.loads((model / "config.json").read_text())
-    target, layer, _ = open_v4_target(model, "checkpoint", blocks=False)
+    settings = dataclasses.replace(SETTINGS, init=init)
+    target, layer, _ = open_v4_target(model, init, blocks=False, seed=settings.seed)
     initial = {k: v.clone() for k, v in layer.state_dict().items()}
-    one = train_layer(target, layer, recorded_sequences(data, config), SETTINGS, progress=False)
+    one = train_layer(target, layer, recorded_sequences(data, config), settings, progress=False)
     job = V4TrainJob(target=str(model), data_dir=str(data), work_dir=str(tmp_path / "two"),
-                     settings=SETTINGS, sharding=sharding)
+                     settings=settings, sharding=sharding, progress=False)
     two, history = _torchrun(job, tmp_path / "two")
     trained = layer.state_dict()
     assert set(two) == set(trained)

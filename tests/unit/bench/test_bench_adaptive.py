@@ -53,3 +53,6 @@ def test_an_adaptive_k_outside_the_sweep_is_refused_by_the_command(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["offline", "-k", "0", "-1"])
     assert "k must be >= 0" in str(exc.value)
+    with pytest.raises(SystemExit) as exc:
+        main(["offline", "-k", "0", "3", "--adaptive-k", "3"])
+    assert "add adaptive to impls" in str(exc.value)

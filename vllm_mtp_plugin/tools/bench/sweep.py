@@ -135,6 +135,9 @@ class Sweep:
             raise ValueError("temperatures must be >= 0")
         if not self.mla_verify or set(self.mla_verify) - {"on", "off"}:
             raise ValueError("mla_verify takes 'on' and/or 'off'")
+        if self.adaptive_ks is not None and "adaptive" not in self.impls:
+            raise ValueError("adaptive_ks names the k of adaptive rows: add adaptive to impls "
+                             "(--impl ... adaptive)")
         if self.adaptive_ks is not None and (
                 not self.adaptive_ks or set(self.adaptive_ks) - set(self.ks) or 0 in self.adaptive_ks):
             raise ValueError(f"adaptive_ks {self.adaptive_ks} must name k > 0 of ks {self.ks}")

@@ -41,8 +41,9 @@ import torch
 
 from ..mtp_layer import transformers_v4_layer as reference
 from ..mtp_layer.v3_target import TrainInputError
-from .v4_data import has_mtp, collect, open_v4_target, recorded_sequences, target_states
-from .v4_loop import V4TrainSettings, train_layer
+from .v4_data import (collect, has_mtp, open_v4_target, recorded_sequences, recorded_summary,
+                      target_states)
+from .v4_loop import V4TrainSettings, check_split, train_layer
 
 LAYER_SHARD = "mtp-00001-of-00001.safetensors"
 UNSUPPORTED = {"train_only": "--train-only"}
@@ -99,17 +100,28 @@ def run_v4(args, prompts_path: Path, work: Path) -> int:
             raise TrainInputError("--data DIR trains on recorded shards; --prompts is for "
                                   "collecting new data. Give one of them.")
         config = json.loads((model_dir / "config.json").read_text())
-        sequences = recorded_sequences(Path(args.data), config)
-        target, layer, config = open_v4_target(model_dir, settings.init, blocks=False)
-        print(f"[1/3] recorded data: {len(sequences)} sequences, "
-              f"{sum(len(ids) for ids, _ in sequences)} tokens in {args.data} (no collection)",
-              flush=True)
+        if args.nproc > 1:  # the ranks read the states; this process only their headers
+            summary = recorded_summary(Path(args.data), config)
+            sequences = None
+            counts = (summary["sequences"], summary["tokens"] + summary["sequences"])
+        else:
+            sequences = recorded_sequences(Path(args.data), config)
+            counts = (len(sequences), sum(len(ids) for ids, _ in sequences))
+        target, layer, config = open_v4_target(model_dir, settings.init, blocks=False,
+                                               seed=settings.seed)
+        print(f"[1/3] recorded data: {counts[0]} sequences, {counts[1]} tokens in {args.data} "
+              "(no collection)", flush=True)
     else:
         target, layer, config, sequences = _collected(model_dir, prompts_path, settings)
+        counts = (len(sequences), sum(len(ids) for ids, _ in sequences))
+    if args.nproc > 1:
+        check_split(counts[0], settings.batch_size, args.nproc)
     start = "checkpoint" if settings.init != "scratch" and has_mtp(model_dir) else "scratch"
     processes = (f", {args.nproc} processes ({args.sharding})" if args.nproc > 1 else "")
     print(f"[2/3] training mtp.0 (init {start}, loss {settings.loss}{processes})", flush=True)
     if args.nproc > 1:
+        work.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner-only before any state lands
+        print(f"      work directory: {work} (--work-dir to choose)", flush=True)
         data = Path(args.data) if args.data else write_states(sequences, prompt_lengths(
             args, sequences), work / "data")
         history = train_in_ranks(args, settings, data, work, target, layer)
@@ -123,7 +135,7 @@ def run_v4(args, prompts_path: Path, work: Path) -> int:
     (report / "training.json").write_text(json.dumps(
         {"variant": "v4", "settings": dataclasses.asdict(settings), "init": start,
          "data": str(args.data) if args.data else None,
-         "sequences": len(sequences), "tokens": sum(len(ids) for ids, _ in sequences),
+         "sequences": counts[0], "tokens": counts[1],
          "held_out": best, "history": history}, indent=1))
     print(f"exported the layer of step {best['step']} of {history['steps']} (best held-out "
           f"loss); held-out agreement with the target's greedy token: {best['agreement']:.3f}")
@@ -141,9 +153,8 @@ def train_in_ranks(args, settings: V4TrainSettings, data: Path, work: Path, targ
     from .run import torchrun
     from .v4_ranks import V4TrainJob, trained_layer
 
-    work.mkdir(mode=0o700, parents=True, exist_ok=True)
     job = V4TrainJob(target=str(Path(args.target)), data_dir=str(data), work_dir=str(work),
-                     settings=settings, sharding=args.sharding)
+                     settings=settings, sharding=args.sharding, progress=not args.quiet)
     write_job(job, work / "train-v4.json")
     done = torchrun("vllm_mtp_plugin.tools.train.v4_ranks", work / "train-v4.json", args.nproc)
     if done.returncode != 0:
@@ -180,7 +191,7 @@ def _collected(model_dir: Path, prompts_path: Path, settings: V4TrainSettings):
     prompts = load_training_prompts(prompts_path)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     prompt_ids = encode_prompts(tokenizer, prompts, f"--prompts {prompts_path}")
-    target, layer, config = open_v4_target(model_dir, settings.init)
+    target, layer, config = open_v4_target(model_dir, settings.init, seed=settings.seed)
     print(f"[1/3] collecting: {len(prompt_ids)} prompts x {settings.samples_per_prompt} samples "
           f"of {settings.max_new_tokens} tokens at T = {settings.temperature:g} (transformers' "
           "V4 target)", flush=True)

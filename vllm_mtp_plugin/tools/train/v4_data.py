@@ -14,10 +14,11 @@ from ..mtp_layer.v3_target import TrainInputError
 from .v4_loop import Sequence, V4TrainSettings
 
 
-def open_v4_target(model_dir: Path, init: str, blocks: bool = True):
+def open_v4_target(model_dir: Path, init: str, blocks: bool = True, seed: int = 0):
     """(target, layer, config.json) from ``model_dir``: the checkpoint's ``mtp.0`` or (``scratch``,
-    or ``auto`` without one) a new layer initialised as transformers initialises the target.
-    ``blocks=False``: the target without its blocks (training from recorded states)."""
+    or ``auto`` without one) a new layer initialised as transformers initialises the target,
+    drawn from ``seed`` (every rank draws the same layer). ``blocks=False``: the target without
+    its blocks (training from recorded states)."""
     config = json.loads((model_dir / "config.json").read_text())
     if config.get("quantization_config") and blocks:
         raise TrainInputError(
@@ -41,6 +42,7 @@ def open_v4_target(model_dir: Path, init: str, blocks: bool = True):
     for kind in ("_attn_implementation", "_experts_implementation"):
         setattr(block, kind, getattr(target.config, kind, None))
     layer = reference.V4MtpLayer(block, index)
+    torch.manual_seed(seed)
     layer.apply(target._init_weights)
     for name in reference.FLOAT32_MODULES:
         layer.get_submodule(name).float()
@@ -86,11 +88,10 @@ def target_states(target, sequences: list[torch.Tensor]) -> list[Sequence]:
     return out
 
 
-def recorded_sequences(data_dir: Path, config: dict) -> list[Sequence]:
-    """The sequences and states of recorded shards (``shard_format.py``), refused where they
-    cannot be this target's: another width than ``hc_mult`` x ``hidden_size``, or tokens outside
-    its vocabulary."""
-    from ..mtp_layer.shard_format import SHARD_FORMATS, SequenceStore, shard_summary
+def recorded_summary(data_dir: Path, config: dict) -> dict:
+    """``shard_summary`` of recorded shards (read from their headers), refused where they cannot
+    be this target's: another format, or another width than ``hc_mult`` x ``hidden_size``."""
+    from ..mtp_layer.shard_format import SHARD_FORMATS, shard_summary
 
     summary = shard_summary(data_dir)
     if summary["formats"] - SHARD_FORMATS:
@@ -103,6 +104,16 @@ def recorded_sequences(data_dir: Path, config: dict) -> list[Sequence]:
             f"--data {data_dir}: the shards hold states of width {summary['hidden_size']} "
             f"({summary['first']}); this DeepSeek-V4 target's drafter reads {streams * hidden} "
             f"(hc_mult {streams} x hidden_size {hidden}): they were recorded from another model.")
+    return summary
+
+
+def recorded_sequences(data_dir: Path, config: dict) -> list[Sequence]:
+    """The sequences and states of recorded shards (``shard_format.py``), refused where they
+    cannot be this target's (``recorded_summary``), or with tokens outside its vocabulary."""
+    from ..mtp_layer.shard_format import SequenceStore
+
+    recorded_summary(data_dir, config)
+    streams, hidden = int(config.get("hc_mult", 1)), int(config["hidden_size"])
     store = SequenceStore(data_dir)
     out = []
     for tokens, states in zip(store.tokens, store.hidden):

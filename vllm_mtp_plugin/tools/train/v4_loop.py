@@ -115,15 +115,9 @@ def train_ranks(target, layer, sequences: list[Sequence], settings: V4TrainSetti
     dist, rank, world = _dist()
     torch.set_flush_denormal(True)
     torch.manual_seed(settings.seed)
+    check_split(len(sequences), settings.batch_size, world)
     held = [s for i, s in enumerate(sequences) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
     train = [s for i, s in enumerate(sequences) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
-    if len(train) < settings.batch_size or not held:
-        raise TrainInputError(f"{len(sequences)} sequences: too few to train on batches of "
-                              f"{settings.batch_size} with every {HELD_OUT_EVERY}th held out; "
-                              "give more prompts or --samples-per-prompt.")
-    if settings.batch_size % world:
-        raise TrainInputError(f"--batch-size {settings.batch_size} is not a multiple of --nproc "
-                              f"{world}: every rank takes an equal share of each batch.")
     for p in target.parameters():
         p.requires_grad_(False)
     for p in layer.parameters():
@@ -161,6 +155,10 @@ def train_ranks(target, layer, sequences: list[Sequence], settings: V4TrainSetti
         history["loss"].append(reported.item())
         if (step + 1) % evaluate_every == 0 or step + 1 == steps:
             row = evaluate(target, layer, held, settings.loss)
+            if dist is not None:  # one decision on every rank: keeping the layer is collective
+                decided = torch.tensor([row["loss"]], dtype=torch.float64, device=device)
+                dist.broadcast(decided, 0)
+                row["loss"] = decided.item()
             history["evaluations"].append({"step": step + 1, **row})
             if row["loss"] < best[0]:
                 best = (row["loss"], layer_state(layer), step + 1)
@@ -170,6 +168,19 @@ def train_ranks(target, layer, sequences: list[Sequence], settings: V4TrainSetti
                    trainable_parameters=sum(p.numel() for p in layer.parameters()),
                    processes=world, sharding=sharding if world > 1 else None)
     return history, best[1]
+
+
+def check_split(sequences: int, batch_size: int, world: int = 1) -> None:
+    """Enough sequences for a batch once every 10th is held out, and a batch every rank can
+    share equally; otherwise what to change."""
+    held = sequences // HELD_OUT_EVERY
+    if sequences - held < batch_size or not held:
+        raise TrainInputError(f"{sequences} sequences: too few to train on batches of "
+                              f"{batch_size} with every {HELD_OUT_EVERY}th held out; give more "
+                              "prompts or --samples-per-prompt.")
+    if batch_size % world:
+        raise TrainInputError(f"--batch-size {batch_size} is not a multiple of --nproc {world}: "
+                              "every rank takes an equal share of each batch.")
 
 
 def wrap_layer(drafting: LayerLogits, sharding: str, world: int):
@@ -194,8 +205,9 @@ def wrap_layer(drafting: LayerLogits, sharding: str, world: int):
         return drafting
     from torch.nn.parallel import DistributedDataParallel
 
-    # Experts that none of a rank's tokens reach get no gradient in its backward.
-    return DistributedDataParallel(drafting, find_unused_parameters=True)
+    # Every parameter gets a gradient at every step: transformers' experts are 3-D tensors of
+    # all experts, the router's bias a buffer.
+    return DistributedDataParallel(drafting)
 
 
 def layer_state(layer) -> dict[str, torch.Tensor]:

@@ -3,7 +3,7 @@
 ``python -m torch.distributed.run --nproc-per-node N -m vllm_mtp_plugin.tools.train.v4_ranks JOB``
 starts N ranks (gloo on CPU, NCCL on GPUs). Each reads the target without its blocks and the
 states in ``data_dir`` (recorded while vLLM served, or written by the collection from prompts),
-trains ``mtp.0`` with DDP or FSDP2 (``v4.train_ranks``), and rank 0 writes the layer of the best
+trains ``mtp.0`` with DDP or FSDP2 (``v4_loop.train_ranks``), and rank 0 writes the layer of the best
 held-out step (``LAYER_FILE``, transformers' module names) and the history into ``work_dir``;
 ``vllm-mtp train`` then exports it in the target's format.
 """
@@ -32,9 +32,10 @@ class V4TrainJob:
     work_dir: str  # the trained layer and its history
     settings: V4TrainSettings
     sharding: str = "ddp"
+    progress: bool = True  # rank 0's progress bar
 
 
-def run_ranks(job: V4TrainJob, progress: bool = True) -> None:
+def run_ranks(job: V4TrainJob) -> None:
     from safetensors.torch import save_file
 
     from .run import _init_distributed
@@ -45,12 +46,13 @@ def run_ranks(job: V4TrainJob, progress: bool = True) -> None:
     try:
         config = json.loads((Path(job.target) / "config.json").read_text())
         sequences = recorded_sequences(Path(job.data_dir), config)
-        target, layer, _ = open_v4_target(Path(job.target), job.settings.init, blocks=False)
+        target, layer, _ = open_v4_target(Path(job.target), job.settings.init, blocks=False,
+                                          seed=job.settings.seed)
         if torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
             target.to(device)
             layer.to(device)  # the states stay on the host: each step moves its batch
-        history, best = train_ranks(target, layer, sequences, job.settings, progress,
+        history, best = train_ranks(target, layer, sequences, job.settings, job.progress,
                                     job.sharding)
         if not distributed or torch.distributed.get_rank() == 0:
             work = Path(job.work_dir)
@@ -73,5 +75,10 @@ def trained_layer(work_dir: Path, target, layer) -> dict:
 
 if __name__ == "__main__":
     from ..job_files import read_job
+    from ..mtp_layer.v3_target import TrainInputError
 
-    run_ranks(read_job(V4TrainJob, sys.argv[1]))
+    try:
+        run_ranks(read_job(V4TrainJob, sys.argv[1]))
+    except TrainInputError as exc:  # the data, named, without a traceback per rank
+        print(f"vllm-mtp train: {exc}", file=sys.stderr)
+        sys.exit(2)
