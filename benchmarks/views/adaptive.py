@@ -16,6 +16,9 @@ STEADY = "benchmarks/results/adaptive-steady/trained-c1/results.json"
 # The same cell run again once the controller could choose every k at one sequence (another
 # machine, a later commit).
 STEADY_RERUN = "benchmarks/results/adaptive-steady/trained-c1-rerun/results.json"
+# The whole steady grid of the proof on the trained model: every fixed k and adaptive (k <= 3)
+# at concurrency 1, 4 and 16, T = 0 and 1, per prompt kind.
+STEADY_GRID = "benchmarks/results/adaptive-steady/trained/results.json"
 
 
 def _ratios(adaptive: dict, fixed: dict) -> tuple[list[float], float]:
@@ -112,3 +115,20 @@ def steady_table(relative: str = STEADY) -> str:
             f"configuration is the fastest median among k = 0 and the fixed k of the cell; "
             f"speculative rows with {first['draft_sample_method'] or 'greedy'} drafts. "
             f"{source_line(relative)}")
+
+
+def steady_targets_met(relative: str = STEADY_GRID) -> str:
+    """"2 of 18 cells": where adaptive reached both of the steady proof's targets (at least 0.95x
+    the best fixed configuration and 0.97x k = 0, medians)."""
+    met = total = 0
+    for base in bench_rows(relative, k=0, floor_only=False):
+        cell = {"prompts": base["prompts"], "temperature": base["temperature"],
+                "concurrency": base["concurrency"]}
+        adaptive = bench_rows(relative, impl="adaptive", **cell)
+        if not adaptive:
+            continue
+        best = max(r["output_tok_s"] for r in [base, *bench_rows(relative, impl="plugin", **cell)])
+        rate = adaptive[0]["output_tok_s"]
+        total += 1
+        met += rate >= 0.95 * best and rate >= 0.97 * base["output_tok_s"]
+    return f"{met} of {total} cells"
