@@ -56,3 +56,35 @@ def test_an_adaptive_k_outside_the_sweep_is_refused_by_the_command(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["offline", "-k", "0", "3", "--adaptive-k", "3"])
     assert "add adaptive to impls" in str(exc.value)
+
+
+def test_decode_steps_by_the_k_they_drafted_per_run_and_per_row():
+    """What adaptive k chose and what each choice cost: prefills and idle steps left out, counts
+    summed over runs, step times the median of the runs' medians."""
+    from vllm_mtp_plugin.tools.bench.analysis import finish_row
+    from vllm_mtp_plugin.tools.engine.steptimer import by_drafted_k
+
+    def step(k, ms, tokens=4, new=0):
+        return {"tokens": tokens, "new_requests": new, "drafted_k": k,
+                "execute_model": ms / 2e3, "sample_tokens": ms / 2e3}
+
+    first = by_drafted_k([step(3, 9.0, new=2), step(3, 6.0), step(0, 3.0), step(0, 5.0),
+                          step(0, 4.0), step(1, 2.0, tokens=0), step(None, 1.0)])
+    assert first == {"0": {"steps": 3, "step_ms": 4.0}, "3": {"steps": 1, "step_ms": 6.0}}
+    second = by_drafted_k([step(0, 2.0), step(2, 7.0)])
+    row = finish_row({}, [{"process": 0, "output_tok_s": 1.0, "by_drafted_k": first},
+                          {"process": 1, "output_tok_s": 1.0, "by_drafted_k": second}])
+    assert row["by_drafted_k"] == {"0": {"steps": 4, "step_ms": 3.0},
+                                   "2": {"steps": 1, "step_ms": 7.0},
+                                   "3": {"steps": 1, "step_ms": 6.0}}
+    assert "by_drafted_k" not in finish_row({}, [{"process": 0, "output_tok_s": 1.0}])
+
+
+def test_warmup_runs_whole_batches_of_the_measured_concurrency():
+    from vllm_mtp_plugin.tools.bench.offline_mode import warmup_prompts
+    from vllm_mtp_plugin.tools.bench.serve_mode import cycled
+
+    assert warmup_prompts(1, 16) == 16
+    assert warmup_prompts(8, 4) == 32
+    assert warmup_prompts(0, 16) == 0
+    assert cycled(["a", "b", "c"], 7) == ["a", "b", "c", "a", "b", "c", "a"]

@@ -186,4 +186,19 @@ def finish_row(row: dict, runs: list[dict]) -> dict:
         row["steps_processes"] = [median_of([r.get("steps") for r in rs])
                                   for rs in processes.values()]
         row["steps"] = median_of(row["steps_processes"])
+    if any(r.get("by_drafted_k") for r in runs):
+        row["by_drafted_k"] = by_drafted_k(r.get("by_drafted_k") for r in runs)
     return row
+
+
+def by_drafted_k(per_run) -> dict[str, dict]:
+    """Decode steps by the k they drafted, over every run of a row: their number summed, the
+    median of the runs' median step times (ms)."""
+    steps: dict[str, int] = {}
+    times: dict[str, list[float]] = {}
+    for groups in per_run:
+        for k, group in (groups or {}).items():
+            steps[k] = steps.get(k, 0) + group["steps"]
+            times.setdefault(k, []).append(group["step_ms"])
+    return {k: {"steps": steps[k], "step_ms": median(times[k])}
+            for k in sorted(steps, key=int)}

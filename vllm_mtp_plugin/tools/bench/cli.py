@@ -2,7 +2,8 @@
 
 Writes ``results.json`` (every measurement, per repeat), ``table.md`` and PNG plots into
 ``--out`` and prints the Markdown table. Each figure is a median over ``--repeats`` passes after
-``--warmup`` warm-up requests; speed-ups are against k = 0 of the same implementation.
+``--warmup`` warm-up batches of the measured concurrency; speed-ups are against k = 0 of the
+same implementation.
 """
 
 from __future__ import annotations
@@ -91,7 +92,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--enforce-eager", action="store_true",
                    help="run engines eagerly (default: vLLM's default compilation, what users run)")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
-    p.add_argument("--warmup", type=int, default=1, help="warm-up requests per configuration")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="warm-up batches per configuration (offline: before its first pass; "
+                        "serve: before each), each of the measured concurrency; adaptive k's "
+                        "steady proof warms up past its early re-measuring (docs/adaptive-k.md)")
     p.add_argument("--repeats", type=int, default=2,
                    help="measured passes per engine process; figures are medians")
     p.add_argument("--processes", type=int, default=3,

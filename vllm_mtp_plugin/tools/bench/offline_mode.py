@@ -32,6 +32,14 @@ def filled(passes: list[dict], rows: int) -> list[dict]:
             for p in passes]
 
 
+def warmup_prompts(warmup_batches: int, concurrency: int) -> int:
+    """Warm-up requests before the measured passes: ``warmup_batches`` batches of the measured
+    concurrency (the first pass's prompts, cycled), so that every configuration has run steps of
+    the batch size it is measured at (its first kernels; adaptive k's first bursts and early
+    re-measuring for that size) before the clock starts."""
+    return warmup_batches * concurrency
+
+
 def offline_config(sweep: Sweep, ckpt: Checkpoint, config: Config, passes: list[dict]):
     if config.fill:
         passes = filled(passes, config.concurrency)
@@ -39,7 +47,7 @@ def offline_config(sweep: Sweep, ckpt: Checkpoint, config: Config, passes: list[
         model=str(ckpt.path), num_speculative_tokens=config.k, impl=config.impl,
         prompts=passes[0]["prompts"], passes=passes,
         max_tokens=sweep.max_tokens, max_model_len=sweep.max_model_len, ignore_eos=True,
-        warmup_prompts=sweep.warmup, repeats=sweep.repeats,
+        warmup_prompts=warmup_prompts(sweep.warmup, config.concurrency), repeats=sweep.repeats,
         llm_kwargs={"dtype": ckpt.engine["dtype"] or sweep.dtype,
                     "enforce_eager": sweep.eager or ckpt.engine["eager"],
                     "max_num_seqs": config.concurrency, "seed": sweep.seed},
@@ -88,6 +96,7 @@ def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, measured: dict,
                 "ttft_ms": latency_summary(r["ttft"] for r in requests),
                 "tpot_ms": latency_summary(r["tpot"] for r in requests),
                 "steps": run.get("steps"),
+                "by_drafted_k": run.get("by_drafted_k"),
                 "token_ids": run.get("token_ids"),
             })
     drafter = results[0].get("drafter") or {}

@@ -59,14 +59,20 @@ def serve_args(sweep: Sweep, k: int, dtype: str | None = None, eager: bool = Fal
                                        plugin_loaded=impl != "vllm")
 
 
+def cycled(items: list, count: int) -> list:
+    """``count`` items, ``items`` repeated as often as needed."""
+    return [items[i % len(items)] for i in range(count)]
+
+
 def measure(base_url: str, model: str, sweep: Sweep, concurrency: int, measured: dict,
             meter: Meter, on_done: Callable[[], None] | None = None) -> list[dict]:
     """Warm up, then ``repeats`` passes of ``measured`` (one of ``Sweep.passes``, inside
     ``meter``); one run dict per pass."""
     prompts, sampling = measured["prompts"], measured["sampling"]
     if sweep.warmup:
-        run_requests(base_url, model, prompts[: max(sweep.warmup, concurrency)],
-                     sweep.max_tokens, concurrency)
+        run_requests(base_url, model, cycled(prompts, sweep.warmup * concurrency),
+                     sweep.max_tokens, concurrency, None, sampling["temperature"],
+                     sampling.get("seed"))
     runs = []
     with meter:
         for _ in range(sweep.repeats):

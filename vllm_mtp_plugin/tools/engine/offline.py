@@ -43,7 +43,7 @@ class OfflineConfig:
     max_tokens: int = 32
     max_model_len: int | None = 1024  # None: the model's own
     ignore_eos: bool = True
-    warmup_prompts: int = 0
+    warmup_prompts: int = 0  # requests before the measured passes (the first pass's, cycled)
     repeats: int = 1
     llm_kwargs: dict = dataclasses.field(default_factory=dict)
     # Record per-engine-step timings (``engine/steptimer.py``) into each run's ``steps``.
@@ -284,7 +284,9 @@ def _measured_pass(llm, config: OfflineConfig, label, prompts: list, params, cha
     if label is not None:
         run["pass"] = label
     if config.step_timings:
-        run["steps"] = steptimer.summarize(llm.collective_rpc(steptimer.collect)[0])
+        recorded = llm.collective_rpc(steptimer.collect)[0]
+        run["steps"] = steptimer.summarize(recorded)
+        run["by_drafted_k"] = steptimer.by_drafted_k(recorded)
     return run, outputs
 
 
@@ -318,9 +320,12 @@ def _child(request_path: str, result_path: str) -> None:
         (None, config.prompts, _sampling_params(config.prompts, config.sampling, config), False,
          None)]
     if config.warmup_prompts:
-        _, prompts, params, chat, _ = passes[0]
-        warmup = params[: config.warmup_prompts] if isinstance(params, list) else params
-        _generate(llm, prompts[: config.warmup_prompts], warmup, chat)
+        _, prompts, params, chat, concurrency = passes[0]
+        count = config.warmup_prompts
+        warmup = [params[i % len(params)] for i in range(count)] if isinstance(params, list) \
+            else params
+        _generate(llm, [prompts[i % len(prompts)] for i in range(count)], warmup, chat,
+                  concurrency)
     runs = []
     if config.record_layer_calls:
         llm.collective_rpc(worker_report.record_layer_calls)

@@ -59,6 +59,8 @@ def _wrap(obj, name: str, label: str, records: list[dict]) -> None:
             records.append({
                 "tokens": getattr(sched, "total_num_scheduled_tokens", 0),
                 "new_requests": len(getattr(sched, "scheduled_new_reqs", ()) or ()),
+                # the drafts this step proposes for the next (per-step k: adaptive k, a table)
+                "drafted_k": getattr(sched, "num_spec_tokens_to_schedule", None),
             })
         t0 = time.perf_counter()
         try:
@@ -117,3 +119,16 @@ def summarize(steps: list[dict]) -> dict:
         "forward_ms": median_ms([s.get("_model_forward", 0.0) for s in decode]),
         "tokens_per_step": statistics.median([s["tokens"] for s in decode]) if decode else None,
     }
+
+
+def by_drafted_k(steps: list[dict]) -> dict[str, dict]:
+    """Decode steps grouped by the k they drafted (as strings, JSON's keys): how many, and their
+    median time (ms). Where k varies per step this shows what the engine chose and what each
+    choice cost; a step's time includes verifying the drafts of the step before it."""
+    groups: dict[int, list[float]] = {}
+    for s in steps:
+        if s.get("tokens") and not s.get("new_requests") and s.get("drafted_k") is not None:
+            total = s.get("execute_model", 0.0) + s.get("sample_tokens", 0.0)
+            groups.setdefault(int(s["drafted_k"]), []).append(total)
+    return {str(k): {"steps": len(times), "step_ms": statistics.median(times) * 1e3}
+            for k, times in sorted(groups.items())}
