@@ -40,7 +40,7 @@ from .estimates import AcceptanceByPosition, StepCosts, batch_bucket
 class ControllerSettings:
     max_k: int
     burst: int = 4            # steps per measuring burst; its first step is a transition
-    explore_every: int = 256  # steps of a bucket between two bursts at a k not chosen
+    explore_every: int = 256  # steps of a bucket between two bursts at a k not chosen, at least
     first_explore: int = 16   # ... at first, doubling at every burst up to explore_every
     hysteresis: float = 0.03  # a switch must promise this much more throughput
     min_dwell: int = 16       # steps at a k before switching away from it (bursts aside)
@@ -60,6 +60,25 @@ class ControllerSettings:
 
     def choices(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.ks))) if self.ks else tuple(range(self.max_k + 1))
+
+
+def _solve(matrix: list[list[float]]) -> list[float]:
+    """The solution of n linear equations (rows of n coefficients and the right side), by
+    Gaussian elimination with partial pivoting; the system is positive definite here (the
+    normal equations of a connected set of pairs)."""
+    n = len(matrix)
+    rows = [row[:] for row in matrix]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(col + 1, n):
+            factor = rows[r][col] / rows[col][col]
+            for c in range(col, n + 1):
+                rows[r][c] -= factor * rows[col][c]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (rows[r][n] - sum(rows[r][c] * x[c] for c in range(r + 1, n))) / rows[r][r]
+    return x
 
 
 # Operators' overrides of ControllerSettings fields (integers), e.g. for faster exploration.
@@ -97,7 +116,9 @@ class BucketState:
     first_bursts_end: int = 0  # the step after the bucket's first bursts
     switches: int = 0
     decision_due: bool = False
-    entering: float | None = None  # seconds of the last step that drafted after k = 0
+    # (k, seconds) of the step that drafted after k = 0 steps, until the step returning to k = 0
+    entering: tuple[int, float] | None = None
+    switched_at: int = -2  # the controller's step count at the last switch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +128,8 @@ class StepOutcome:
     ``drafts``: per request that verified drafts, (drafts verified, drafts accepted).
     ``verified_k``: the most drafts a request verified (the k drafted a step earlier);
     ``drafted_k``: the k this step drafted; ``prefill``: the step also ran prompt tokens (its cost
-    is not a decode step's); ``seconds``: the step's duration."""
+    is not a decode step's); ``seconds``: the interval from the previous step's end (while the
+    engine was busy) to this step's end."""
 
     batch_size: int
     verified_k: int
@@ -132,7 +154,8 @@ class AdaptiveK:
         self.ratios = StepCosts(settings.cost_window, settings.max_sample_age)
         self._ratio_samples = 0  # ratios measured so far (a fit is redone when this moves)
         self._fits: dict[tuple[int, int], tuple[int, int, dict[int, float]]] = {}
-        # (bucket, 0) -> seconds that leaving k = 0 and coming back cost beyond two k = 0 steps
+        # (bucket, k) -> seconds that leaving k = 0 for k and coming back cost (the step drafting
+        # k after k = 0 and the step returning) beyond two k = 0 steps
         self.leaving_zero = StepCosts(settings.cost_window, settings.max_sample_age)
         self.burst_at: dict[tuple[int, int], int] = {}  # (bucket, k) -> step its last burst began
         self.remeasured: set[tuple[int, int]] = set()  # (bucket, k) burst at again since its first
@@ -198,17 +221,19 @@ class AdaptiveK:
         served, burst_k = seconds.get(state.k), seconds.get(other)
         if not served or burst_k is None:
             return self.settings.explore_every
-        cost = self.settings.burst * max(burst_k - served, 0.0)
-        if state.k == 0:
-            cost += self.leaving_zero.median(bucket, 0, self.step) or 0.0
-        longest = max(self.settings.explore_every, self.settings.max_sample_age // len(self.ks))
+        # beside k = 0 the burst's first step and the step returning are measured together
+        # (``leaving_zero``); its other steps cost their k's extra
+        leaving = self.leaving_zero.median(bucket, other, self.step) if state.k == 0 else None
+        steps = self.settings.burst - (1 if leaving is not None else 0)
+        cost = steps * max(burst_k - served, 0.0) + max(leaving or 0.0, 0.0)
+        longest = self._longest_interval()
         wanted = math.ceil(cost / (self.settings.explore_overhead * served))
         return min(longest, max(self.settings.explore_every, wanted))
 
     def _probe_every(self, bucket: int) -> int:
         """Steps at k = 0 between two probes: a probe (a step at the smallest k, then the step
-        that verifies it) costs what leaving k = 0 for a step measured (``leaving_zero``: the
-        draft, and the first pass of the steps k = 0 deferred, ``deferred_first_pass_at_k0``),
+        that verifies it) costs what leaving k = 0 for the smallest k measured (``leaving_zero``:
+        the draft, and the first pass of the steps k = 0 deferred, ``deferred_first_pass_at_k0``),
         or ``cost(k) - cost(0)`` before that is measured, spent once per that many steps of
         ``cost(0)`` it stays within ``probe_overhead`` of k = 0's time. Probes show acceptance
         only: neither step is steady, so no step cost is charged from them."""
@@ -217,12 +242,19 @@ class AdaptiveK:
         at_zero, at_smallest = seconds[0], seconds[smallest]
         if not at_zero or not at_smallest:
             return self.settings.probe_every_unmeasured
-        measured = self.leaving_zero.median(bucket, 0, self.step)
+        measured = self.leaving_zero.median(bucket, smallest, self.step)
         extra = measured if measured is not None else max(at_smallest - at_zero, 0.0)
         # at least two bursts' length apart: k = 0 keeps its own steady steps (its cost) even
-        # where noisy medians make a probe look free
-        return max(2 * self.settings.burst,
-                   math.ceil(max(extra, 0.0) / (self.settings.probe_overhead * at_zero)))
+        # where noisy medians make a probe look free; at most as far apart as bursts may be (a
+        # probe's catch-up grows with the steps deferred since the layer last ran)
+        wanted = math.ceil(max(extra, 0.0) / (self.settings.probe_overhead * at_zero))
+        return min(self._longest_interval(), max(2 * self.settings.burst, wanted))
+
+    def _longest_interval(self) -> int:
+        """The most steps between two bursts (or probes): every k measured again before its
+        samples age out (counted in this bucket's steps; a bucket that gets few of the engine's
+        steps is measured more often than it needs, never less)."""
+        return max(self.settings.explore_every, self.settings.max_sample_age // len(self.ks))
 
     def _first_bursts(self, bucket: int) -> collections.deque:
         """Every k it may choose, the largest first, one burst each."""
@@ -250,6 +282,7 @@ class AdaptiveK:
                                 or scores[best] > current * (1.0 + self.settings.hysteresis)):
             state.k, state.dwell, state.since_probe = best, 0, 0
             state.switches += 1
+            state.switched_at, state.entering = self.step, None
 
     def scores(self, bucket: int) -> dict[int, float]:
         """Expected tokens per request per second, by k, for this bucket (k with a cost only)."""
@@ -284,7 +317,7 @@ class AdaptiveK:
     def relative_log_costs(self, bucket: int, served: int) -> dict[int, float]:
         """log(cost of k / cost of ``served``) for every k linked to ``served`` by measured pairs:
         the least-squares fit of the pairs' median log ratios, each weighted by its samples
-        (a few sweeps of Gauss-Seidel: a handful of k)."""
+        (its normal equations solved exactly: a handful of k)."""
         pairs = []
         for low in self.ks:
             for high in self.ks:
@@ -300,14 +333,21 @@ class AdaptiveK:
                 if (low in linked) != (high in linked):
                     linked |= {low, high}
                     grew = True
-        pairs = [p for p in pairs if p[0] in linked]
-        x = dict.fromkeys(linked, 0.0)
-        for _ in range(20):
-            for k in linked - {served}:
-                terms = [(x[high] - m, w) if low == k else (x[low] + m, w)
-                         for low, high, m, w in pairs if k in (low, high)]
-                x[k] = sum(v * w for v, w in terms) / sum(w for _, w in terms)
-        return {k: v for k, v in x.items() if k != served}
+        unknown = sorted(linked - {served})
+        index = {k: i for i, k in enumerate(unknown)}
+        n = len(unknown)
+        matrix = [[0.0] * (n + 1) for _ in range(n)]  # normal equations, right side last
+        for low, high, m, w in pairs:
+            if low not in linked:
+                continue
+            for k, sign in ((high, 1.0), (low, -1.0)):  # x[high] - x[low] = m, x[served] = 0
+                if k in index:
+                    row = matrix[index[k]]
+                    row[n] += sign * w * m
+                    for other, other_sign in ((high, 1.0), (low, -1.0)):
+                        if other in index:
+                            row[index[other]] += sign * other_sign * w
+        return dict(zip(unknown, _solve(matrix)))
 
     # ------------------------------------------------------------------------------- learning
 
@@ -318,8 +358,11 @@ class AdaptiveK:
         if outcome.seconds is not None and steady and not outcome.prefill:
             bucket = batch_bucket(outcome.batch_size)
             state = self.buckets.get(bucket)
+            # a burst's step beside the served k; not one observed just after a switch (with a
+            # batch queue the step before it, at the k served until then), nor the first
+            # bursts' last (observed one step late there)
             if state is not None and outcome.drafted_k != state.k and \
-                    self.step >= state.first_bursts_end:
+                    self.step > state.first_bursts_end and self.step - state.switched_at > 2:
                 served = self.costs.median(bucket, state.k, self.step)
                 if served and outcome.seconds > 0:
                     k, log_ratio = outcome.drafted_k, math.log(outcome.seconds / served)
@@ -335,15 +378,22 @@ class AdaptiveK:
         bucket = batch_bucket(outcome.batch_size)
         state = self.buckets.get(bucket)
         if state is None or state.k != 0 or outcome.prefill or outcome.seconds is None:
+            if state is not None:
+                state.entering = None
             return
         if outcome.verified_k == 0 and outcome.drafted_k > 0:
-            state.entering = outcome.seconds
-        elif outcome.verified_k > 0 and outcome.drafted_k == 0 and state.entering is not None:
+            state.entering = (outcome.drafted_k, outcome.seconds)
+        elif state.entering is not None and outcome.verified_k == state.entering[0] and \
+                outcome.drafted_k == 0:
             zero = self.costs.median(bucket, 0, self.step)
             if zero:
-                self.leaving_zero.observe(bucket, 0, state.entering + outcome.seconds - 2 * zero,
+                k, seconds = state.entering
+                self.leaving_zero.observe(bucket, k, seconds + outcome.seconds - 2 * zero,
                                           self.step)
             state.entering = None
+        elif state.entering is not None and not (
+                outcome.verified_k == outcome.drafted_k == state.entering[0]):
+            state.entering = None  # the return was not seen here (another bucket, a prefill)
 
     # ------------------------------------------------------------------------------- reporting
 

@@ -94,7 +94,11 @@ class EngineSteps:
         next step is timed from its own schedule (the wait for traffic is not a step's cost)."""
         self.last_finished = None
         if not self.failed:
-            write_state(self.controller.summary())
+            try:
+                write_state(self.controller.summary())
+            except Exception as exc:  # noqa: BLE001 - the engine goes on at the configured k
+                self._fail(exc)
+                return
             self.next_state = self.clock() + STATE_INTERVAL
 
     def _finished(self, scheduler_output, model_runner_output) -> None:

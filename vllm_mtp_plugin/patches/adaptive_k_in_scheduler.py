@@ -247,8 +247,9 @@ def adaptive_k_in_scheduler() -> None:
     ``schedule_table`` in ``EngineArgs.create_speculative_config``, so vLLM prepares for every k
     as it does for its own tables (graphs per k on V2, piecewise CUDA graphs on V1, off with data
     parallelism), and (2) in every process, after vLLM's ``Scheduler.__init__``, puts
-    ``AdaptiveLookup`` in the place of that table (and of no other), times each ``schedule`` to
-    its ``update_from_output`` and shows each finished step to the controller. Both act when
+    ``AdaptiveLookup`` in the place of that table (and of no other), notes each ``schedule``'s
+    start and shows each finished step to the controller at its ``update_from_output`` (timed
+    from the previous step's end while the engine is busy, ``adaptive_k/engine_steps.py``). Both act when
     vLLM imports their module. How to see it: ``VLLM_MTP_ADAPTIVE_K=1`` and an MTP engine log
     "adaptive k" lines and run k below the configured one where drafts do not pay
     (``tests/engine/adaptive_k/``). When it can go: when vLLM chooses k at run time itself.
