@@ -33,6 +33,8 @@ import dataclasses
 import math
 import os
 
+import numpy as np
+
 from .estimates import AcceptanceByPosition, StepCosts, batch_bucket
 
 
@@ -60,25 +62,6 @@ class ControllerSettings:
 
     def choices(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.ks))) if self.ks else tuple(range(self.max_k + 1))
-
-
-def _solve(matrix: list[list[float]]) -> list[float]:
-    """The solution of n linear equations (rows of n coefficients and the right side), by
-    Gaussian elimination with partial pivoting; the system is positive definite here (the
-    normal equations of a connected set of pairs)."""
-    n = len(matrix)
-    rows = [row[:] for row in matrix]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
-        rows[col], rows[pivot] = rows[pivot], rows[col]
-        for r in range(col + 1, n):
-            factor = rows[r][col] / rows[col][col]
-            for c in range(col, n + 1):
-                rows[r][c] -= factor * rows[col][c]
-    x = [0.0] * n
-    for r in reversed(range(n)):
-        x[r] = (rows[r][n] - sum(rows[r][c] * x[c] for c in range(r + 1, n))) / rows[r][r]
-    return x
 
 
 # Operators' overrides of ControllerSettings fields (integers), e.g. for faster exploration.
@@ -181,7 +164,10 @@ class AdaptiveK:
             if state.decision_due or state.dwell >= self.settings.min_dwell:
                 state.decision_due = False
                 self._decide(bucket, state)
-            if state.since_burst >= self._explore_interval(bucket, state) and len(self.ks) > 1:
+            # (the interval's costs are read only once a burst may be due)
+            if len(self.ks) > 1 and state.since_burst >= min(self._ramp(state),
+                                                             self.settings.explore_every) and \
+                    state.since_burst >= self._explore_interval(bucket, state):
                 state.since_burst = 0
                 if self.settings.first_explore << state.explored < self.settings.explore_every:
                     state.explored += 1
@@ -213,7 +199,7 @@ class AdaptiveK:
         as far apart as keeps the next burst within ``explore_overhead`` of the served k's time
         (a burst of k = 3 beside k = 0 costs several steps' worth), and close enough that every
         k is measured again before its samples age out."""
-        ramp = max(1, self.settings.first_explore) << state.explored
+        ramp = self._ramp(state)
         if ramp < self.settings.explore_every:
             return ramp
         seconds = self.step_seconds(bucket)
@@ -229,6 +215,9 @@ class AdaptiveK:
         longest = self._longest_interval()
         wanted = math.ceil(cost / (self.settings.explore_overhead * served))
         return min(longest, max(self.settings.explore_every, wanted))
+
+    def _ramp(self, state: BucketState) -> int:
+        return max(1, self.settings.first_explore) << state.explored
 
     def _probe_every(self, bucket: int) -> int:
         """Steps at k = 0 between two probes: a probe (a step at the smallest k, then the step
@@ -334,20 +323,20 @@ class AdaptiveK:
                     linked |= {low, high}
                     grew = True
         unknown = sorted(linked - {served})
+        if not unknown:
+            return {}
         index = {k: i for i, k in enumerate(unknown)}
-        n = len(unknown)
-        matrix = [[0.0] * (n + 1) for _ in range(n)]  # normal equations, right side last
-        for low, high, m, w in pairs:
-            if low not in linked:
-                continue
-            for k, sign in ((high, 1.0), (low, -1.0)):  # x[high] - x[low] = m, x[served] = 0
+        # one weighted equation x[high] - x[low] = m per pair, x[served] = 0
+        pairs = [p for p in pairs if p[0] in linked]
+        rows = np.zeros((len(pairs), len(unknown)))
+        for row, (low, high, _, _) in zip(rows, pairs):
+            for k, sign in ((high, 1.0), (low, -1.0)):
                 if k in index:
-                    row = matrix[index[k]]
-                    row[n] += sign * w * m
-                    for other, other_sign in ((high, 1.0), (low, -1.0)):
-                        if other in index:
-                            row[index[other]] += sign * other_sign * w
-        return dict(zip(unknown, _solve(matrix)))
+                    row[index[k]] = sign
+        weights = np.sqrt([w for *_, w in pairs])
+        medians = np.array([m for _, _, m, _ in pairs])
+        fit = np.linalg.lstsq(rows * weights[:, None], medians * weights, rcond=None)[0]
+        return dict(zip(unknown, fit.tolist()))
 
     # ------------------------------------------------------------------------------- learning
 
