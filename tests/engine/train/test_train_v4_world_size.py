@@ -91,3 +91,22 @@ def test_the_command_with_two_processes_writes_a_servable_checkpoint(noisy_with_
     _, served = reference.load_reference(out, 0, torch.float32)  # read back as vLLM loads it
     written = load_file(str(tmp_path / "work" / LAYER_FILE))
     assert torch.equal(served.e_proj.weight, written["e_proj.weight"].to(torch.bfloat16).float())
+
+
+def test_ranks_that_reject_their_input_exit_with_the_reason(noisy_with_data, tmp_path):
+    """The ranks refuse a batch they cannot share (5 sequences on 2 ranks): they leave the
+    process group (``run.process_group``) and exit with the reason, without a traceback."""
+    model, data = noisy_with_data
+    settings = dataclasses.replace(SETTINGS, batch_size=5)
+    job = V4TrainJob(target=str(model), data_dir=str(data), work_dir=str(tmp_path / "work"),
+                     settings=settings, sharding="ddp", progress=False)
+    (tmp_path / "work").mkdir()
+    write_job(job, tmp_path / "work" / "job.json")
+    done = torchrun("vllm_mtp_plugin.tools.train.v4_ranks", tmp_path / "work" / "job.json", 2,
+                    capture_output=True, text=True, timeout=300,
+                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0
+    assert "vllm-mtp train: --batch-size 5 is not a multiple of --nproc 2" in done.stderr, \
+        done.stderr[-3000:]
+    assert "TrainInputError" not in done.stderr  # a rank's traceback would name it
+    assert not (tmp_path / "work" / LAYER_FILE).exists()

@@ -9,6 +9,7 @@ directory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -35,16 +36,27 @@ def torchrun(module: str, job_file: Path, nproc: int, **run_kwargs) -> subproces
                           **run_kwargs)
 
 
-def _init_distributed() -> bool:
+@contextlib.contextmanager
+def process_group():
+    """torchrun's process group around a run (gloo on CPU, NCCL on GPUs); yields whether there
+    is one. A run that ends well has the ranks wait for each other (rank 0 writes the files)
+    before the group is destroyed, so no rank shuts its connections while a peer still works (a
+    two-rank gloo run aborted once, "terminate called without an active exception"). A run that
+    fails destroys it at once: a barrier could wait forever on a rank that failed."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return False
+        yield False
+        return
     import torch.distributed as dist
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
-    return True
+    try:
+        yield True
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 @dataclasses.dataclass
@@ -58,8 +70,7 @@ class TrainJob:
 
 
 def run_training(job: TrainJob, progress: bool = True) -> None:
-    distributed = _init_distributed()
-    try:
+    with process_group() as distributed:
         settings = job.settings
         work = Path(job.work_dir)
         target = open_target(job.target)
@@ -77,9 +88,6 @@ def run_training(job: TrainJob, progress: bool = True) -> None:
             save_file({name: t.contiguous() for name, t in tensors.items()},
                       str(work / LAYERS_FILE))
             save_history({**history, "init": model.init}, work / HISTORY_FILE)
-    finally:
-        if distributed:
-            torch.distributed.destroy_process_group()
 
 
 def trained_layers(work_dir: Path) -> dict[str, torch.Tensor]:

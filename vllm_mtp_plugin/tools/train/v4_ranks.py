@@ -38,12 +38,11 @@ class V4TrainJob:
 def run_ranks(job: V4TrainJob) -> None:
     from safetensors.torch import save_file
 
-    from .run import _init_distributed
+    from .run import process_group
     from .v4_data import open_v4_target, recorded_sequences
     from .v4_loop import train_ranks
 
-    distributed = _init_distributed()
-    try:
+    with process_group() as distributed:
         config = json.loads((Path(job.target) / "config.json").read_text())
         sequences = recorded_sequences(Path(job.data_dir), config)
         target, layer, _ = open_v4_target(Path(job.target), job.settings.init, blocks=False,
@@ -58,9 +57,6 @@ def run_ranks(job: V4TrainJob) -> None:
             work = Path(job.work_dir)
             save_file({name: t.contiguous() for name, t in best.items()}, str(work / LAYER_FILE))
             (work / HISTORY_FILE).write_text(json.dumps(history))
-    finally:
-        if distributed:
-            torch.distributed.destroy_process_group()
 
 
 def trained_layer(work_dir: Path, target, layer) -> dict:
