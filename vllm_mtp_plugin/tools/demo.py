@@ -8,7 +8,9 @@ prints what the model wrote and the acceptance per draft position per kind, and 
 That acceptance is measured by vLLM's counters; nothing in the model sets it. The same requests
 then go to a second server without speculative decoding, and the output tokens per second of both
 are printed side by side (one run each, one request at a time: not a benchmark; ``--no-baseline``
-skips it). ``--adaptive-k`` (or ``VLLM_MTP_ADAPTIVE_K=1``) lets the plugin choose k per step. The chat prompts go
+skips it). Each server first gets the same requests ``--warmup`` times unmeasured (default once),
+so the measured pass meets warm engines: compiled shapes met, and with adaptive k its first
+measurements at every k done. ``--adaptive-k`` (or ``VLLM_MTP_ADAPTIVE_K=1``) lets the plugin choose k per step. The chat prompts go
 once more sampled (``--sampled-temperature``, 0.6 by default, as DeepSeek recommends for R1; seeded),
 served with probabilistic drafts (``--draft-sample-method``): at temperature > 0 they are accepted
 far more often than vLLM's default argmax drafts, and greedy requests draft by argmax either way.
@@ -116,6 +118,10 @@ def parse_args(argv):
     p.add_argument("--adaptive-k", action="store_true",
                    help="choose k per step, 0 up to -k, from measured acceptance and step cost "
                         "(VLLM_MTP_ADAPTIVE_K=1, docs/adaptive-k.md)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="passes of the same requests each server gets unmeasured before the "
+                        "measured one (0: none): the measured pass then meets warm engines, and "
+                        "adaptive k past its first measurements")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip the second server without speculative decoding (by default the "
                         "same requests go to it too, and both rates are printed side by side)")
@@ -125,7 +131,10 @@ def parse_args(argv):
                    help="server log file (default: demo-server.log in the cache directory, "
                         "~/.cache/vllm-mtp-plugin or $XDG_CACHE_HOME/vllm-mtp-plugin)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.warmup < 0:
+        p.error(f"--warmup {args.warmup}: give 0 or more passes")
+    return args
 
 
 def demo_prompts(mode: str, n: int) -> list[tuple[str, str]]:
@@ -229,6 +238,7 @@ def serve_and_measure(model: Path, serve_args: list[str], env: dict, log: Path, 
             f"[demo] {time.monotonic() - started:5.0f}s  {line}", flush=True))
         print(f"[demo] server ready after {time.monotonic() - started:.0f} s")
         client = OpenAI(base_url=server.base_url, api_key="EMPTY")
+        warm_up(client, prompts, args)
         t0 = time.monotonic()
         results = measure_by_kind(client, server.base_url, "mtp-demo", prompts,
                                   args.max_tokens, args.temperature, args.seed, show_replies)
@@ -238,6 +248,19 @@ def serve_and_measure(model: Path, serve_args: list[str], env: dict, log: Path, 
         return None
     finally:
         server.stop()
+
+
+def warm_up(client, prompts, args) -> None:
+    """``args.warmup`` passes of the prompts, unmeasured (before the counters are first read)."""
+    if args.warmup <= 0:
+        return
+    started = time.monotonic()
+    for _ in range(args.warmup):
+        for i, (kind, prompt, t) in enumerate(prompts):
+            send(client, "mtp-demo", kind, prompt, args.max_tokens, t,
+                 args.seed + i if t > 0 else None)
+    print(f"[demo] warm-up: {args.warmup * len(prompts)} requests, not measured, in "
+          f"{time.monotonic() - started:.1f} s")
 
 
 def mtp_label(args) -> str:

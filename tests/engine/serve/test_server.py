@@ -108,6 +108,9 @@ def test_demo_runs_end_to_end_on_the_trained_model(tmp_path):
                          text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "server ready after" in out.stdout
+    # Each server first got the 8 requests once, unmeasured (the counters below hold 2 per kind).
+    assert len(re.findall(r"^\[demo\] warm-up: 8 requests, not measured, in [\d.]+ s$",
+                          out.stdout, re.M)) == 2, out.stdout[-3000:]
     # bf16 (the checkpoint's) where the CPU computes in it, else fp32; compiled, as users run it.
     from vllm_mtp_plugin.tools.cpu_features import AVX512_BF16, host_cpu_flags
 

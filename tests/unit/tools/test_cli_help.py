@@ -133,3 +133,13 @@ def test_every_option_in_the_readme_table_exists(command, span):
     modes = next((a.choices for a in parser._actions if not a.option_strings and a.choices), None)
     if modes and words and not words[0].startswith("-"):
         assert set(words[0].split("|")) <= set(modes), f"vllm-mtp {command} {words[0]}"
+
+
+def test_the_demo_refuses_a_negative_warmup(capsys):
+    from vllm_mtp_plugin.tools import demo
+
+    assert demo.parse_args([]).warmup == 1  # one unmeasured pass per server by default
+    with pytest.raises(SystemExit) as exited:
+        demo.parse_args(["--warmup", "-1"])
+    assert exited.value.code == 2
+    assert "--warmup -1: give 0 or more passes" in capsys.readouterr().err
