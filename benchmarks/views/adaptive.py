@@ -19,6 +19,9 @@ STEADY_RERUN = "benchmarks/results/adaptive-steady/trained-c1-rerun/results.json
 # The whole steady grid of the proof on the trained model: every fixed k and adaptive (k <= 3)
 # at concurrency 1, 4 and 16, T = 0 and 1, per prompt kind.
 STEADY_GRID = "benchmarks/results/adaptive-steady/trained/results.json"
+# The same grid with the controller that compares costs measured side by side, every engine
+# warmed with 8 batches of the measured concurrency first (``--warmup 8``).
+STEADY_WARM = "benchmarks/results/adaptive-steady/trained-warm/results.json"
 
 
 def _ratios(adaptive: dict, fixed: dict) -> tuple[list[float], float]:
@@ -109,11 +112,14 @@ def steady_table(relative: str = STEADY) -> str:
               f"adaptive (k ≤ {largest}) ÷ k = 0", "adaptive ÷ best fixed"]
     first = bench_rows(relative, impl="adaptive")[0]
     processes = sorted({r["processes"] for r in bench_rows(relative)})
+    flagged = [r for r in bench_rows(relative) if r.get("implausible")]
+    flags = (f" The bench flagged {len(flagged)} of these rows as impossible figures (its "
+             f"`implausible` field: a disturbed or drifting machine)." if flagged else "")
     return (f"{table(header, rows)}\n\nMedian output tokens per second of "
             f"{'/'.join(map(str, processes))} engine processes per configuration, alternated; "
             f"the range is over those processes against k = 0's median; the best fixed "
             f"configuration is the fastest median among k = 0 and the fixed k of the cell; "
-            f"speculative rows with {first['draft_sample_method'] or 'greedy'} drafts. "
+            f"speculative rows with {first['draft_sample_method'] or 'greedy'} drafts.{flags} "
             f"{source_line(relative)}")
 
 
@@ -132,3 +138,34 @@ def steady_targets_met(relative: str = STEADY_GRID) -> str:
         total += 1
         met += rate >= 0.95 * best and rate >= 0.97 * base["output_tok_s"]
     return f"{met} of {total} cells"
+
+
+def adaptive_choices_table(relative: str = STEADY_WARM) -> str:
+    """Per cell, what adaptive drafted: its decode steps by the k they drafted (share of its
+    steps) and their median time, beside the k = 0 engine's step (``by_drafted_k``, the bench's
+    step timer: the model runner's time, a step verifying the drafts of the step before it)."""
+    largest = max(r["k"] for r in bench_rows(relative, impl="adaptive"))
+    ks = range(largest + 1)
+    rows = []
+    for base in bench_rows(relative, k=0, floor_only=False):
+        cell = {"prompts": base["prompts"], "temperature": base["temperature"],
+                "concurrency": base["concurrency"]}
+        adaptive = bench_rows(relative, impl="adaptive", **cell)
+        groups = adaptive[0].get("by_drafted_k") if adaptive else None
+        if not groups:
+            continue
+        total = sum(g["steps"] for g in groups.values())
+        zero = (base.get("by_drafted_k") or {}).get("0")
+        cells = [base["prompts"], f"{base['temperature']:g}", f"{base['concurrency']}"]
+        for k in ks:
+            group = groups.get(str(k))
+            cells.append(f"{100 * group['steps'] / total:.0f} % ({group['step_ms']:.2f} ms)"
+                         if group else "—")
+        cells.append(f"{zero['step_ms']:.2f} ms" if zero else "—")
+        rows.append(cells)
+    header = ["prompts", "T", "c", *(f"adaptive at k = {k}" for k in ks),
+              "k = 0 engine's step"]
+    return (f"{table(header, rows)}\n\nAdaptive's decode steps by the k they drafted, summed over "
+            f"its engine processes and passes: share of its steps (median step time, the model "
+            f"runner's, of the passes' medians). {source_line(relative)}")
+
