@@ -21,9 +21,10 @@ whether this vLLM needs it (``framework.py``).
   backends (``cpu_mla``, ``amx_mla``): speculative verification takes their decode kernel.
 * ``mla_dtype_on_amx``: on CPU platforms with AMX tiles: MLA in a dtype vLLM's AMX backend does
   not hold (float32) runs on ``CPU_MLA``, target and drafter.
-* ``adaptive_k_in_scheduler``: applied when vLLM imports its engine arguments and its scheduler:
-  with ``VLLM_MTP_ADAPTIVE_K=1`` MTP engines choose k per step (``adaptive_k/``) through vLLM's
-  per-step spec-token count.
+* ``adaptive_k_in_scheduler``: applied when vLLM imports its engine arguments, its scheduler and
+  its engine core: with ``VLLM_MTP_ADAPTIVE_K=1`` MTP engines choose k per step
+  (``adaptive_k/``) through vLLM's per-step spec-token count; a step at k = 0 does not fetch its
+  (empty) drafts from the workers.
 * ``deferred_first_pass_at_k0``: applied when vLLM imports its V1 proposer and runner: a k = 0
   step of an MTP drafter keeps the layer's inputs instead of running it, and the next step that
   runs the layer catches up first (``VLLM_MTP_DEFERRED_FIRST_PASS=0``: vLLM's behaviour).

