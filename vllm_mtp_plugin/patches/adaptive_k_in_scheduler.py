@@ -200,14 +200,19 @@ def schedule_timed(self, *args, **kwargs):
         started = steps.clock()
         output = _vllm_schedule(self, *args, **kwargs)
         steps.scheduled(output, started)
-    setattr(self, DRAFTED_K, getattr(output, "num_spec_tokens_to_schedule", None))
+    spec = getattr(getattr(self, "vllm_config", None), "speculative_config", None)
+    if getattr(spec, "method", None) == "mtp":  # a custom drafter may draft whatever k says
+        setattr(self, DRAFTED_K, getattr(output, "num_spec_tokens_to_schedule", None))
     return output
 
 
 def post_step_without_empty_fetch(self, model_executed, *args, **kwargs):
-    """vLLM's ``EngineCore.post_step``, skipped after a step whose runner was asked for no drafts
-    (k = 0): it would only fetch empty drafts from the workers (one round trip to each worker
-    process) for requests whose drafts ``schedule`` already cleared."""
+    """vLLM's ``EngineCore.post_step``, skipped after an MTP step whose runner was asked for no
+    drafts (k = 0): it would only fetch empty drafts from the workers (one round trip to each
+    worker process) for requests whose drafts ``schedule`` already cleared. One difference: where
+    a step's input no longer fits the drafter (near ``max_model_len``) vLLM's V1 runner hands
+    back zeros as drafts of the configured k, whatever the step's k, to be verified next step;
+    after a k = 0 step those are not fetched, and the next step verifies nothing."""
     if model_executed and self.batch_queue is None and \
             getattr(getattr(self, "scheduler", None), DRAFTED_K, None) == 0:
         return None

@@ -9,8 +9,8 @@ That acceptance is measured by vLLM's counters; nothing in the model sets it. Th
 then go to a second server without speculative decoding, and the output tokens per second of both
 are printed side by side (one run each, one request at a time: not a benchmark; ``--no-baseline``
 skips it). Each server first gets the same requests ``--warmup`` times unmeasured (default once),
-so the measured pass meets warm engines: compiled shapes met, and with adaptive k its first
-measurements at every k done. ``--adaptive-k`` (or ``VLLM_MTP_ADAPTIVE_K=1``) lets the plugin choose k per step. The chat prompts go
+so the measured pass meets warm engines: compiled shapes met, with adaptive k its first
+measurements at every k done, and on both servers the prompts in vLLM's prefix cache. ``--adaptive-k`` (or ``VLLM_MTP_ADAPTIVE_K=1``) lets the plugin choose k per step. The chat prompts go
 once more sampled (``--sampled-temperature``, 0.6 by default, as DeepSeek recommends for R1; seeded),
 served with probabilistic drafts (``--draft-sample-method``): at temperature > 0 they are accepted
 far more often than vLLM's default argmax drafts, and greedy requests draft by argmax either way.
@@ -238,7 +238,7 @@ def serve_and_measure(model: Path, serve_args: list[str], env: dict, log: Path, 
             f"[demo] {time.monotonic() - started:5.0f}s  {line}", flush=True))
         print(f"[demo] server ready after {time.monotonic() - started:.0f} s")
         client = OpenAI(base_url=server.base_url, api_key="EMPTY")
-        warm_up(client, prompts, args)
+        warm_up(client, server.base_url, prompts, args)
         t0 = time.monotonic()
         results = measure_by_kind(client, server.base_url, "mtp-demo", prompts,
                                   args.max_tokens, args.temperature, args.seed, show_replies)
@@ -250,15 +250,14 @@ def serve_and_measure(model: Path, serve_args: list[str], env: dict, log: Path, 
         server.stop()
 
 
-def warm_up(client, prompts, args) -> None:
+def warm_up(client, base_url: str, prompts, args) -> None:
     """``args.warmup`` passes of the prompts, unmeasured (before the counters are first read)."""
     if args.warmup <= 0:
         return
     started = time.monotonic()
-    for _ in range(args.warmup):
-        for i, (kind, prompt, t) in enumerate(prompts):
-            send(client, "mtp-demo", kind, prompt, args.max_tokens, t,
-                 args.seed + i if t > 0 else None)
+    for _ in range(args.warmup):  # the measured pass's requests and seeds, nothing printed
+        measure_by_kind(client, base_url, "mtp-demo", prompts, args.max_tokens,
+                        args.temperature, args.seed, show_replies=False)
     print(f"[demo] warm-up: {args.warmup * len(prompts)} requests, not measured, in "
           f"{time.monotonic() - started:.1f} s")
 

@@ -308,14 +308,17 @@ def test_a_step_at_k0_skips_vllms_fetch_of_its_drafts(drafted_k, batch_queue, fe
     assert executor.fetches == fetched
 
 
-def test_the_scheduler_notes_the_k_it_asked_for():
+@pytest.mark.parametrize("method, noted", [("mtp", 0), ("draft_model", None)])
+def test_the_scheduler_notes_the_k_it_asked_for_mtp(method, noted):
+    """Only MTP's: a custom drafter may return drafts whatever k the step asked for."""
     import types
 
     output = types.SimpleNamespace(num_spec_tokens_to_schedule=0)
-    scheduler = types.SimpleNamespace(_mtp_adaptive_steps=None)
+    config = types.SimpleNamespace(speculative_config=types.SimpleNamespace(method=method))
+    scheduler = types.SimpleNamespace(_mtp_adaptive_steps=None, vllm_config=config)
     patch._vllm_schedule, saved = (lambda self: output), patch._vllm_schedule
     try:
         assert patch.schedule_timed(scheduler) is output
     finally:
         patch._vllm_schedule = saved
-    assert getattr(scheduler, patch.DRAFTED_K) == 0
+    assert getattr(scheduler, patch.DRAFTED_K, None) == noted
