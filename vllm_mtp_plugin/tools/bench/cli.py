@@ -19,7 +19,7 @@ from ..provenance import environment
 from ..tiny.presets import default_prompts, resolve
 from . import analysis, report
 from ..cli_help import HelpFormatter, examples
-from .sweep import DEFAULT_CHECKPOINT, DRAFT_SAMPLE_METHODS, MODES, REJECTION_SAMPLE_METHODS, Sweep
+from .sweep import DEFAULT_CHECKPOINT, DRAFT_SAMPLE_METHODS, MODES, ORDERS, REJECTION_SAMPLE_METHODS, Sweep
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -101,6 +101,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--processes", type=int, default=3,
                    help="offline: engine processes per configuration, interleaved; the speed of "
                         "a process varies between processes on small VMs (median reported)")
+    p.add_argument("--order", choices=ORDERS, default="cell",
+                   help="offline: the order of the engine processes; cell: a cell's (checkpoint "
+                        "and concurrency) configurations alternate round by round, every other "
+                        "round reversed, before the next cell starts (what a cell compares runs "
+                        "minutes apart); grid: round by round over the whole grid")
     p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's --max-model-len")
     p.add_argument("--dtype", default="float32", help="engine dtype (fp32 pays off on CPUs)")
     p.add_argument("--seed", type=int, default=0,
@@ -172,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                       eager=args.enforce_eager,
                       prompts=args.prompts or default_prompts(checkpoint_args), num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                       warmup=args.warmup, repeats=args.repeats, processes=args.processes,
+                      order=args.order,
                       max_model_len=args.max_model_len,
                       dtype=args.dtype, seed=args.seed, cache_dir=args.cache_dir,
                       base_url=args.base_url, cross_check=args.cross_check, timeout=args.timeout,

@@ -1,8 +1,8 @@
 """Offline mode: each configuration runs in fresh processes through ``offline.run_config``.
 
 One process per run is what lets ``MTP_PLUGIN=off`` select vLLM's in-tree class (plugins load once
-per process). Several processes per configuration, interleaved round by round, because on a small
-VM the speed of an engine process is a lottery: the same configuration ran at 25 or 37 tokens/s
+per process). Several processes per configuration, alternated (``process_order``), because on a
+small VM the speed of an engine process is a lottery: the same configuration ran at 25 or 37 tokens/s
 in different processes, steady within each (where the weights land in memory, presumably). The
 row reports the median over processes of each process's median, and every run with its process
 index. The child times every engine step (``steptimer``), which the ideal bound needs.
@@ -123,19 +123,36 @@ def make_row(sweep: Sweep, ckpt: Checkpoint, config: Config, measured: dict,
     return finish_row(row, runs)
 
 
+def process_order(configs: list[Config], processes: int, order: str) -> list[tuple[int, Config]]:
+    """(round, configuration) of every engine process, in the order they run.
+
+    ``grid``: round by round over the whole grid, so a configuration's processes are spread over
+    the whole run. ``cell``: cell by cell (a checkpoint and concurrency: the configurations a cell
+    compares), its rounds one after another, every other round reversed (A B C, C B A, A B C): the
+    configurations a cell compares run minutes apart rather than a run's length apart, and a speed
+    that drifts steadily during the cell weighs on each of them alike."""
+    if order == "grid":
+        return [(round_, c) for round_ in range(processes) for c in configs]
+    cells: dict[tuple, list[Config]] = {}
+    for c in configs:
+        cells.setdefault((c.checkpoint, c.concurrency, c.fill), []).append(c)
+    return [(round_, c) for cell in cells.values() for round_ in range(processes)
+            for c in (cell if round_ % 2 == 0 else cell[::-1])]
+
+
 def run_offline(sweep: Sweep, checkpoints: dict[str, Checkpoint], passes: list[dict],
                 log_dir: Path, on_start: Callable[[str], None] = lambda label: None,
                 on_done: Callable[[], None] = lambda: None) -> list[dict]:
-    """Every configuration, ``sweep.processes`` rounds; one row per configuration and pass."""
+    """Every configuration, ``sweep.processes`` processes in ``sweep.order``; one row per
+    configuration and pass."""
     configs = sweep.configs()
     results: dict[Config, list[dict]] = {c: [] for c in configs}
-    for round_ in range(sweep.processes):
-        for config in configs:
-            on_start(f"{config.label()} process {round_ + 1}/{sweep.processes}")
-            ckpt = checkpoints[config.checkpoint]
-            log_path = log_dir / (f"offline-{ckpt.label}-{config.impl}-k{config.k}"
-                                  f"-c{config.concurrency}{config.log_suffix()}-p{round_}.log")
-            results[config].append(run_process(sweep, ckpt, config, passes, log_path))
-            on_done()
+    for round_, config in process_order(configs, sweep.processes, sweep.order):
+        on_start(f"{config.label()} process {round_ + 1}/{sweep.processes}")
+        ckpt = checkpoints[config.checkpoint]
+        log_path = log_dir / (f"offline-{ckpt.label}-{config.impl}-k{config.k}"
+                              f"-c{config.concurrency}{config.log_suffix()}-p{round_}.log")
+        results[config].append(run_process(sweep, ckpt, config, passes, log_path))
+        on_done()
     return [make_row(sweep, checkpoints[c.checkpoint], c, measured, results[c])
             for c in configs for measured in passes]

@@ -29,6 +29,7 @@ from pathlib import Path
 from ..engine.engine_args import DRAFT_SAMPLE_METHODS, REJECTION_SAMPLE_METHODS
 
 MODES = ("offline", "serve")
+ORDERS = ("cell", "grid")
 # The benchmark preset (~460 M parameters, where MTP pays off on a small CPU) with a drafter right
 # 80 % of the time at the first position; DeepSeek-V3 reports 85-90 % for its MTP module.
 DEFAULT_CHECKPOINT = "bench:noisy:0.8"
@@ -123,8 +124,12 @@ class Sweep:
     disturbed_retries: int = 2
     # The largest k of the adaptive rows (None: an adaptive row up to each k > 0 of ``ks``).
     adaptive_ks: list[int] | None = None
+    # Offline: the order of the engine processes (``offline_mode.process_order``).
+    order: str = "cell"
 
     def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"unknown order {self.order!r}; choose one of {ORDERS}")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {MODES}")
         if any(k < 0 for k in self.ks) or any(c < 1 for c in self.concurrencies):
