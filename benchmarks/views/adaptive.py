@@ -7,6 +7,7 @@ arms of ``SHIFT`` and says so."""
 
 from __future__ import annotations
 
+import statistics
 
 from .common import ROOT, bench_rows, load, source_line, table
 
@@ -22,6 +23,9 @@ STEADY_GRID = "benchmarks/results/adaptive-steady/trained/results.json"
 # The same grid with the controller that compares costs measured side by side, every engine
 # warmed with 8 batches of the measured concurrency first (``--warmup 8``).
 STEADY_WARM = "benchmarks/results/adaptive-steady/trained-warm/results.json"
+# The same grid once more, a cell's configurations alternated minutes apart (``--order cell``),
+# with k = 0 steps that no longer fetch drafts from the workers.
+STEADY_CELL = "benchmarks/results/adaptive-steady/trained-cell/results.json"
 
 
 def _ratios(adaptive: dict, fixed: dict) -> tuple[list[float], float]:
@@ -74,6 +78,13 @@ def shift_ratio(rerun: bool = False) -> str:
     return f"{_ratios(adaptive, fixed)[1]:.2f}×"
 
 
+def _alternation(relative: str) -> str:
+    """How the run ordered its engine processes (runs before ``--order`` went round by round
+    over the whole grid)."""
+    if load(relative)["settings"].get("order", "grid") == "cell":
+        return ("alternated within each concurrency, round by round, every other round in "
+                "reverse (a cell's configurations ran minutes apart)")
+    return "alternated round by round over the whole grid"
 
 
 def steady_table(relative: str = STEADY) -> str:
@@ -116,25 +127,88 @@ def steady_table(relative: str = STEADY) -> str:
     flags = (f" The bench flagged {len(flagged)} of these rows as impossible figures (its "
              f"`implausible` field: a disturbed or drifting machine)." if flagged else "")
     return (f"{table(header, rows)}\n\nMedian output tokens per second of "
-            f"{'/'.join(map(str, processes))} engine processes per configuration, alternated; "
+            f"{'/'.join(map(str, processes))} engine processes per configuration, "
+            f"{_alternation(relative)}; "
             f"the range is over those processes against k = 0's median; the best fixed "
             f"configuration is the fastest median among k = 0 and the fixed k of the cell; "
             f"speculative rows with {first['draft_sample_method'] or 'greedy'} drafts.{flags} "
             f"{source_line(relative)}")
 
 
-def steady_targets_met(relative: str = STEADY_GRID) -> str:
-    """"2 of 18 cells": where adaptive reached both of the steady proof's targets (at least 0.95x
-    the best fixed configuration and 0.97x k = 0, medians)."""
-    met = total = 0
+def _process_medians(row: dict) -> dict[int, float]:
+    """Each engine process's median output tokens per second in a row (its passes' rates)."""
+    by_process: dict[int, list[float]] = {}
+    for run in row["runs"]:
+        by_process.setdefault(run["process"], []).append(run["output_tok_s"])
+    return {p: statistics.median(rates) for p, rates in by_process.items()}
+
+
+def _adaptive_cells(relative: str):
+    """(k = 0 row, adaptive row, the fixed rows of its cell: k = 0 and every fixed k) for every
+    cell (prompt kind, temperature, concurrency) that has an adaptive row."""
     for base in bench_rows(relative, k=0, floor_only=False):
         cell = {"prompts": base["prompts"], "temperature": base["temperature"],
                 "concurrency": base["concurrency"]}
         adaptive = bench_rows(relative, impl="adaptive", **cell)
-        if not adaptive:
-            continue
-        best = max(r["output_tok_s"] for r in [base, *bench_rows(relative, impl="plugin", **cell)])
-        rate = adaptive[0]["output_tok_s"]
+        if adaptive:
+            fixed = [base, *(r for r in bench_rows(relative, impl="plugin", **cell) if r["k"])]
+            yield base, adaptive[0], fixed
+
+
+def _paired(relative: str):
+    """Per cell: its k = 0 row, its best fixed row, and adaptive's ratios over rounds to each."""
+    for base, adaptive, fixed in _adaptive_cells(relative):
+        best = max(fixed, key=lambda r: r["output_tok_s"])
+        ours = _process_medians(adaptive)
+        ratios = []
+        for other in (base, best):
+            theirs = _process_medians(other)
+            ratios.append([ours[p] / theirs[p] for p in sorted(ours) if p in theirs])
+        yield base, best, ratios
+
+
+def _missed(medians: list[float]) -> list[str]:
+    """The steady targets a cell's paired medians (against k = 0, against the best) miss."""
+    return [f"{m:.3f}× of {name} is below {target:g}×" for m, name, target in
+            zip(medians, ("k = 0", "the best fixed"), (0.97, 0.95)) if m < target]
+
+
+def steady_paired_table(relative: str = STEADY_CELL) -> str:
+    """Per cell, adaptive against k = 0 and against the best fixed k, process by process: round
+    r's adaptive process over round r's process of the other configuration (in a run ordered cell
+    by cell they ran minutes apart), the median and range over rounds; and whether the medians
+    of those ratios reach the steady targets (0.95x the best fixed configuration, 0.97x k = 0)."""
+    largest = max(r["k"] for r in bench_rows(relative, impl="adaptive"))
+    rows = []
+    for base, best, ratios in _paired(relative):
+        medians = [statistics.median(r) for r in ratios]
+        missed = _missed(medians)
+        rows.append([base["prompts"], f"{base['temperature']:g}", f"{base['concurrency']}",
+                     *(f"{m:.2f}× ({min(r):.2f}–{max(r):.2f})" for m, r in zip(medians, ratios)),
+                     f"k = {best['k']}", "no: " + "; ".join(missed) if missed else "yes"])
+    header = ["prompts", "T", "c", f"adaptive (k ≤ {largest}) ÷ k = 0", "adaptive ÷ best fixed",
+              "best fixed (medians)", "targets met"]
+    return (f"{table(header, rows)}\n\nRatios of engine processes of the same round (median "
+            f"and range over rounds; a process's rate is the median of its repeated passes), "
+            f"{_alternation(relative)}; the best fixed configuration is the fastest median "
+            f"among k = 0 and the fixed k of the cell; targets met in "
+            f"{steady_paired_met(relative)}. {source_line(relative)}")
+
+
+def steady_paired_met(relative: str = STEADY_CELL) -> str:
+    """"0 of 18 cells": where the medians of the paired ratios reach both steady targets."""
+    cells = [not _missed([statistics.median(r) for r in ratios])
+             for _, _, ratios in _paired(relative)]
+    return f"{sum(cells)} of {len(cells)} cells"
+
+
+def steady_targets_met(relative: str = STEADY_GRID) -> str:
+    """"2 of 18 cells": where adaptive reached both of the steady proof's targets (at least 0.95x
+    the best fixed configuration and 0.97x k = 0, medians)."""
+    met = total = 0
+    for base, adaptive, fixed in _adaptive_cells(relative):
+        best = max(r["output_tok_s"] for r in fixed)
+        rate = adaptive["output_tok_s"]
         total += 1
         met += rate >= 0.95 * best and rate >= 0.97 * base["output_tok_s"]
     return f"{met} of {total} cells"
