@@ -136,7 +136,8 @@ def steady_table(relative: str = STEADY) -> str:
 
 
 def _process_medians(row: dict) -> dict[int, float]:
-    """Each engine process's median output tokens per second in a row (its passes' rates)."""
+    """Each engine process's median output tokens per second in a row (its repeats of the row's
+    pass)."""
     by_process: dict[int, list[float]] = {}
     for run in row["runs"]:
         by_process.setdefault(run["process"], []).append(run["output_tok_s"])

@@ -99,7 +99,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2,
                    help="measured passes per engine process; figures are medians")
     p.add_argument("--processes", type=int, default=3,
-                   help="offline: engine processes per configuration, interleaved; the speed of "
+                   help="offline: engine processes per configuration, in --order; the speed of "
                         "a process varies between processes on small VMs (median reported)")
     p.add_argument("--order", choices=ORDERS, default="cell",
                    help="offline: the order of the engine processes; cell: a cell's (checkpoint "
